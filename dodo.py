@@ -1,0 +1,34 @@
+"""The sparkforge task graph: `doit list` shows the stages; `doit build profile=NAME` runs them."""
+
+import os
+import sys
+
+from doit import get_var
+
+from pipelines.errors import PipelineError
+from pipelines.profiles import load_profile, profile_step
+from pipelines.steps import Engine
+from pipelines.store import STORE_ENV, Store
+
+ENGINE = Engine(Store())
+PROFILE_NAME = get_var("profile", "local")
+
+try:
+    PROFILE = load_profile(PROFILE_NAME)
+except PipelineError as err:
+    sys.exit(f"error: {err}")
+
+DOIT_CONFIG = {"default_tasks": ["build"]}
+if os.environ.get(STORE_ENV):
+    DOIT_CONFIG["dep_file"] = str(ENGINE.store.root / "doit.sqlite3")
+
+PROFILE_STEP = profile_step(PROFILE_NAME)
+
+
+def task_profile():
+    return ENGINE.task(PROFILE_STEP)
+
+
+def task_build():
+    """build everything the chosen profile deploys (profile=NAME, default local)"""
+    return {"actions": None, "task_dep": [PROFILE_STEP.name]}

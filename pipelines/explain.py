@@ -1,0 +1,78 @@
+"""`doit explain TASK`: why a step would run, against the newest stored output of that step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from doit.cmd_base import DoitCmdBase
+from doit.exceptions import InvalidCommand
+
+from pipelines.steps import GRAPH, Engine, Step
+
+
+def diff_material(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Lines naming each part of the key material that differs between two records."""
+    lines = []
+    for field in ("recipe", "version"):
+        if old.get(field) != new[field]:
+            lines.append(f"{field}: {old.get(field)!r} -> {new[field]!r}")
+    for section in ("params", "inputs", "deps"):
+        before, after = old.get(section, {}), new[section]
+        for name in sorted(before.keys() | after.keys()):
+            if name not in before:
+                lines.append(f"{section}.{name}: added ({short(after[name])})")
+            elif name not in after:
+                lines.append(f"{section}.{name}: removed (was {short(before[name])})")
+            elif before[name] != after[name]:
+                lines.append(f"{section}.{name}: {short(before[name])} -> {short(after[name])}")
+    return lines
+
+
+def short(value: Any) -> str:
+    """A digest cut to 16 hex characters; any other value as its repr."""
+    if isinstance(value, str) and len(value) == 64:
+        return value[:16]
+    return repr(value)
+
+
+def explain_step(engine: Engine, step: Step, indent: str = "") -> list[str]:
+    """Why step would run (or that it would not), following changed dependencies down."""
+    key = engine.key(step)
+    if engine.store.has(key):
+        return [f"{indent}{step.name}: up to date ({key[:16]} is stored)"]
+    records = engine.store.records_for(step.name)
+    if not records:
+        return [f"{indent}{step.name}: would run: no output of this step is stored yet"]
+    newest = records[0]
+    lines = [
+        f"{indent}{step.name}: would run: key {key[:16]} is not stored;"
+        f" against the newest stored output ({newest['key'][:16]}):"
+    ]
+    material = engine.material(step)
+    lines += [f"{indent}  {line}" for line in diff_material(newest, material)]
+    for dep in step.deps:
+        if newest.get("deps", {}).get(dep.name) != material["deps"][dep.name]:
+            lines += explain_step(engine, dep, indent + "    ")
+    return lines
+
+
+class Explain(DoitCmdBase):
+    """doit command: say which inputs changed since a step's newest stored output."""
+
+    name = "explain"
+    doc_purpose = "say why a step would run: what changed since its newest stored output"
+    doc_usage = "TASK [TASK ...]"
+    doc_description = None
+    cmd_options = ()
+
+    def _execute(self, pos_args):
+        if not pos_args:
+            raise InvalidCommand("`explain` needs at least one task name")
+        for name in pos_args:
+            if name not in GRAPH:
+                known = ", ".join(sorted(GRAPH)) or "none"
+                raise InvalidCommand(f"{name!r} is not a keyed step (keyed steps: {known})")
+            engine, step = GRAPH[name]
+            for line in explain_step(engine, step):
+                self.outstream.write(line + "\n")
+        return 0

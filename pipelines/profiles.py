@@ -1,0 +1,285 @@
+"""Profiles: what is deployed where, parsed once from YAML and validated at the edge."""
+
+from __future__ import annotations
+
+import difflib
+from ipaddress import IPv4Address
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pipelines.errors import PipelineError
+from pipelines.keys import canonical_json
+from pipelines.steps import Step, StepRun
+
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+
+Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$", max_length=63)]
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class ProfileError(PipelineError):
+    """A profile that cannot be used, said in one line naming file and field."""
+
+
+class Strict(BaseModel):
+    """A profile section: unknown fields are errors, values are read-only."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Model(Strict):
+    """The checkpoint: where it comes from and how it is served."""
+
+    lock: Name
+    source: Annotated[str, Field(pattern=r"^s3://[^/]+/.+")]
+    served_name: str
+    format: Literal["safetensors"]
+    quantization: str
+    config_patch: Literal["none", "tp3-heads"]
+    source_secret: Name | None = None
+
+
+class Parallel(Strict):
+    """How the model is split across GPUs."""
+
+    tensor: Annotated[int, Field(ge=1)]
+    pipeline: Annotated[int, Field(ge=1)]
+
+
+class Resources(Strict):
+    """What each member asks of its node."""
+
+    gpu: Annotated[int, Field(ge=1)]
+    memory: Annotated[str, Field(pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")]
+    cpu: Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+|m)?$")]
+
+
+class Member(Strict):
+    """One ring member, in rank order: its node, management plane and model cache claim."""
+
+    node: Name
+    address: IPv4Address
+    socket_interface: str
+    claim: Name | None = None
+
+
+class Fabric(Strict):
+    """The RoCE data plane of a switchless ring."""
+
+    ib_hca: Annotated[list[str], Field(min_length=1)]
+    rdma_resource: str
+    ib_gid_index: Annotated[int, Field(ge=0)]
+    rendezvous_port: Annotated[int, Field(ge=1, le=65535)] = 29500
+    mtu: Literal[1500, 9000]
+    patched_nccl: bool
+
+
+class NcclOverlay(Strict):
+    """The sparkring NCCL library mounted over the image's pip NCCL on every node."""
+
+    host_path: str
+    sha256: Sha256 | None = None
+
+
+class Speculative(Strict):
+    """DSpark speculative decoding."""
+
+    method: Literal["dspark"]
+    num_speculative_tokens: Annotated[int, Field(ge=1, le=8)]
+
+
+class Vllm(Strict):
+    """vLLM engine settings."""
+
+    gpu_memory_utilization: Annotated[float, Field(ge=0.1, le=0.99)]
+    max_model_len: Annotated[int, Field(ge=1)]
+    max_num_seqs: Annotated[int, Field(ge=1)]
+    max_num_batched_tokens: Annotated[int, Field(ge=1)]
+    block_size: Annotated[int, Field(ge=1)]
+    speculative: Speculative | None = None
+    extra_args: list[str] = []
+
+
+class Sglang(Strict):
+    """SGLang engine settings."""
+
+    context_length: Annotated[int, Field(ge=1)]
+    max_running_requests: Annotated[int, Field(ge=1)]
+    max_total_tokens: Annotated[int, Field(ge=1)]
+    mem_fraction_static: Annotated[float, Field(gt=0, lt=1)]
+    chunked_prefill_size: Annotated[int, Field(ge=1)]
+    speculative: Speculative | None = None
+    nccl_overlay: NcclOverlay | None = None
+
+
+class Simulator(Strict):
+    """The simulated runtime of the local profile: test equipment with configurable timing."""
+
+    port: Annotated[int, Field(ge=1, le=65535)]
+    max_model_len: Annotated[int, Field(ge=1)]
+    max_running_requests: Annotated[int, Field(ge=1)]
+    ttft_s: Annotated[float, Field(ge=0)]
+    decode_tok_s: Annotated[float, Field(gt=0)]
+
+
+class Hygiene(Strict):
+    """Node settings applied before a group boots."""
+
+    swap_off: bool
+    drop_page_cache: bool
+    min_free_kbytes: Annotated[int, Field(ge=0)]
+
+
+class Profile(Strict):
+    """A whole profile: model, image, runtime, members and how they are deployed."""
+
+    name: Name
+    description: str
+    runtime: Literal["simulated", "vllm", "sglang"]
+    deploy: Literal["docker", "kubernetes"]
+    image: Name
+    model: Model
+    parallel: Parallel
+    resources: Resources
+    members: Annotated[list[Member], Field(min_length=1, max_length=64)]
+    fabric: Fabric | None = None
+    hygiene: Hygiene | None = None
+    env: dict[str, str] = {}
+    vllm: Vllm | None = None
+    sglang: Sglang | None = None
+    simulator: Simulator | None = None
+
+    @model_validator(mode="after")
+    def runtime_has_its_settings(self) -> Profile:
+        """The section named by runtime is present, and no other engine's section."""
+        engines = {"vllm": self.vllm, "sglang": self.sglang, "simulated": self.simulator}
+        section = "simulator" if self.runtime == "simulated" else self.runtime
+        if engines[self.runtime] is None:
+            raise ValueError(f"runtime {self.runtime!r} needs a {section!r} section")
+        extra = [k for k, v in engines.items() if v is not None and k != self.runtime]
+        if extra:
+            raise ValueError(f"section {extra[0]!r} does not apply to runtime {self.runtime!r}")
+        return self
+
+    @model_validator(mode="after")
+    def ring_is_consistent(self) -> Profile:
+        """Parallelism covers the ring exactly, and a multi-node ring has a fabric."""
+        gpus = len(self.members) * self.resources.gpu
+        if self.parallel.tensor * self.parallel.pipeline != gpus:
+            raise ValueError(
+                f"parallel.tensor x parallel.pipeline = "
+                f"{self.parallel.tensor * self.parallel.pipeline}, expected members x "
+                f"resources.gpu = {gpus}"
+            )
+        if len(self.members) > 1 and self.fabric is None:
+            raise ValueError("a ring of more than one member needs a 'fabric' section")
+        if self.deploy == "kubernetes":
+            unclaimed = [m.node for m in self.members if not m.claim]
+            if unclaimed:
+                raise ValueError(
+                    f"deploy 'kubernetes' needs members[].claim (missing on {unclaimed[0]})"
+                )
+        return self
+
+
+def profile_path(name: str, folder: Path = PROFILES_DIR) -> Path:
+    """The YAML file of a profile name."""
+    return folder / f"{name}.yaml"
+
+
+def available_profiles(folder: Path = PROFILES_DIR) -> list[str]:
+    """Names of the profiles in a folder."""
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def load_profile(name: str, folder: Path = PROFILES_DIR) -> Profile:
+    """Read and validate one profile, or raise ProfileError with one line."""
+    path = profile_path(name, folder)
+    if not path.is_file():
+        known = ", ".join(available_profiles(folder)) or "none"
+        raise ProfileError(f"profile {name!r}: no file {path} (profiles: {known})")
+    return parse_profile(path)
+
+
+def parse_profile(path: Path) -> Profile:
+    """Validate the YAML file at path as a profile."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ProfileError(
+            f"{path}:{where} not valid YAML: {getattr(err, 'problem', err)}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: expected a mapping of profile fields")
+    try:
+        profile = Profile.model_validate(data)
+    except ValidationError as err:
+        raise ProfileError(f"{path}: {describe_error(err)}") from None
+    if profile.name != path.stem:
+        raise ProfileError(
+            f"{path}: field 'name': expected {path.stem!r} (the file name), got {profile.name!r}"
+        )
+    return profile
+
+
+def describe_error(err: ValidationError) -> str:
+    """The first validation error as 'field X: what was expected', plus how many more."""
+    # A misspelled field also makes the real one "missing": the unknown name is the cause.
+    errors = sorted(err.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    first = errors[0]
+    loc = [p for p in first["loc"] if not (isinstance(p, str) and "[" in p)]
+    field = ".".join(str(p) for p in loc)
+    if first["type"] == "extra_forbidden":
+        allowed = sorted(fields_at(Profile, loc[:-1]))
+        near = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        text = f"unknown field {field!r}{hint}; expected one of: {', '.join(allowed)}"
+    elif field:
+        text = f"field {field!r}: {first['msg']}"
+    else:
+        text = first["msg"].removeprefix("Value error, ")
+    more = len(errors) - 1
+    return text + (f" (and {more} more error{'s' if more > 1 else ''})" if more else "")
+
+
+def fields_at(model: type[BaseModel], loc: list[Any]) -> set[str]:
+    """Field names of the model section found by following loc from model."""
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        annotation = model.model_fields[part].annotation
+        model = next(t for t in _model_types(annotation))
+    return set(model.model_fields)
+
+
+def _model_types(annotation: Any) -> list[type[BaseModel]]:
+    """The BaseModel classes inside a type annotation (through Optional, list, Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    found = []
+    for arg in getattr(annotation, "__args__", ()):
+        found += _model_types(arg)
+    return found
+
+
+def profile_step(name: str, folder: Path = PROFILES_DIR) -> Step:
+    """The keyed step that validates a profile and stores it as canonical JSON for later steps."""
+
+    def write_profile(run: StepRun) -> None:
+        profile = load_profile(name, folder)
+        (run.out / "profile.json").write_bytes(canonical_json(profile.model_dump(mode="json")))
+
+    return Step(
+        name="profile",
+        recipe="profile",
+        version=1,
+        doc="validate the chosen profile and store it, keyed by its content",
+        action=write_profile,
+        params={"profile": name},
+        inputs={"profile": profile_path(name, folder)},
+    )

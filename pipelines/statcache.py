@@ -1,0 +1,149 @@
+"""Content digests of files and folders, answered from a stat cache when a file did not change."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import stat
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from pipelines.keys import canonical_json
+
+CHUNK = 4 << 20
+# File timestamps come from a coarse kernel clock (a few ms per tick). An entry recorded within
+# the same tick as the file's last change could miss a later same-size write in that tick, so
+# recording waits until the file's ctime is at least this old (git calls this "racy clean").
+RACY_NS = 50_000_000
+
+StatKey = tuple[int, int, int, int, int]
+
+
+def stat_key(st: os.stat_result) -> StatKey:
+    """The stat fields that change whenever a file's content can have changed."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def hash_file(path: Path) -> str:
+    """sha256 of a file, read in large chunks (hashlib releases the GIL for them)."""
+    digest = hashlib.sha256()
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            digest.update(view[:n])
+    return digest.hexdigest()
+
+
+class StatCache:
+    """A persistent map (path, device, inode, size, mtime_ns, ctime_ns) -> sha256 in sqlite."""
+
+    def __init__(self, db_path: Path):
+        self.db_path = Path(db_path)
+        self.db_path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        with self._db() as db:
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, dev INTEGER, ino INTEGER,"
+                " size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER, sha256 TEXT)"
+            )
+
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.db_path, timeout=60)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            self._local.db = db
+        return db
+
+    def lookup(self, path: Path, st: os.stat_result) -> str | None:
+        """The cached digest for path if its stat fields are unchanged, else None."""
+        row = (
+            self._db()
+            .execute(
+                "SELECT dev, ino, size, mtime_ns, ctime_ns, sha256 FROM files WHERE path = ?",
+                (str(path),),
+            )
+            .fetchone()
+        )
+        if row and tuple(row[:5]) == stat_key(st):
+            return row[5]
+        return None
+
+    def record(self, entries: Iterable[tuple[Path, StatKey, str]]) -> None:
+        """Remember digests for files whose stat did not move since they were hashed."""
+        entries = list(entries)
+        if not entries:
+            return
+        newest_ctime = max(key[4] for _, key, _ in entries)
+        wait_ns = newest_ctime + RACY_NS - time.time_ns()
+        if wait_ns > 0:
+            time.sleep(wait_ns / 1e9)
+        rows = []
+        for path, key, sha in entries:
+            try:
+                if stat_key(os.stat(path)) != key:
+                    continue
+            except FileNotFoundError:
+                continue
+            rows.append((str(path), *key, sha))
+        with self._db() as db:
+            db.executemany("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+
+    def digest_files(self, paths: Iterable[Path], workers: int | None = None) -> dict[Path, str]:
+        """sha256 of each file: cached when its stat is unchanged, else hashed in parallel."""
+        result: dict[Path, str] = {}
+        misses: list[tuple[Path, StatKey]] = []
+        for path in paths:
+            path = Path(path).absolute()
+            st = os.stat(path)
+            if not stat.S_ISREG(st.st_mode):
+                raise IsADirectoryError(f"{path}: expected a regular file")
+            cached = self.lookup(path, st)
+            if cached is None:
+                misses.append((path, stat_key(st)))
+            else:
+                result[path] = cached
+        if misses:
+            workers = workers or os.cpu_count() or 1
+            # Biggest first, so one huge file does not start last and set the wall time alone.
+            misses.sort(key=lambda m: m[1][2], reverse=True)
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                digests = list(pool.map(lambda m: hash_file(m[0]), misses))
+            self.record((path, key, sha) for (path, key), sha in zip(misses, digests, strict=True))
+            result.update((path, sha) for (path, _), sha in zip(misses, digests, strict=True))
+        return result
+
+    def digest_file(self, path: Path) -> str:
+        """sha256 of one file, through the cache."""
+        return next(iter(self.digest_files([path]).values()))
+
+    def digest_tree(self, root: Path, exclude: Iterable[str] = ()) -> str:
+        """One digest for a folder: relative paths, executable bits, link targets, file digests."""
+        root = Path(root).absolute()
+        skip = set(exclude)
+        files: list[Path] = []
+        entries: list[list] = []
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if d not in skip)
+            for name in sorted(filenames):
+                if name in skip:
+                    continue
+                path = Path(dirpath, name)
+                rel = path.relative_to(root).as_posix()
+                if path.is_symlink():
+                    entries.append([rel, "link", os.readlink(path)])
+                else:
+                    files.append(path)
+                    executable = bool(os.stat(path).st_mode & 0o111)
+                    entries.append([rel, "x" if executable else "f", path])
+        digests = self.digest_files(files)
+        listing = [
+            [rel, kind, digests[ref] if kind != "link" else ref] for rel, kind, ref in entries
+        ]
+        return hashlib.sha256(canonical_json(sorted(listing))).hexdigest()

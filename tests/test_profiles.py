@@ -1,0 +1,87 @@
+"""Profiles load once, at the edge, and a wrong field is one line naming file and field."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.profiles import PROFILES_DIR, ProfileError, available_profiles, load_profile
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def copy_profile(tmp_path: Path, name: str, old: str, new: str) -> Path:
+    """A copy of a shipped profile with one piece of text replaced."""
+    text = (PROFILES_DIR / f"{name}.yaml").read_text()
+    assert old in text
+    (tmp_path / f"{name}.yaml").write_text(text.replace(old, new, 1))
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", ["local", "tp3-ring", "tp4-ring"])
+def test_each_shipped_profile_loads(name):
+    profile = load_profile(name)
+    assert profile.name == name
+    assert profile.parallel.tensor * profile.parallel.pipeline == len(profile.members)
+
+
+def test_profiles_agree_with_the_domain_facts():
+    tp3, tp4 = load_profile("tp3-ring"), load_profile("tp4-ring")
+    assert tp3.model.source == "s3://models/bot-lab-21/DeepSeek-V4.1-Flash-EXL3-3.5bpw-Pollard"
+    assert (tp3.parallel.tensor, tp3.vllm.gpu_memory_utilization) == (3, 0.78)
+    assert tp3.model.config_patch == "tp3-heads" and tp4.model.config_patch == "none"
+    assert tp3.fabric.ib_hca == ["rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1"]
+    assert (tp3.fabric.rdma_resource, tp3.fabric.ib_gid_index) == ("rdma/rdma_shared_device_a", 3)
+    assert tp3.env["TORCH_CUDA_ARCH_LIST"] == "12.1a"
+    assert (tp4.sglang.context_length, tp4.sglang.max_total_tokens) == (1_048_576, 8_000_000)
+    assert (tp4.sglang.max_running_requests, tp4.sglang.mem_fraction_static) == (8, 0.80)
+    assert tp4.fabric.patched_nccl and not tp3.fabric.patched_nccl
+    assert set(available_profiles()) >= {"local", "tp3-ring", "tp4-ring"}
+
+
+def test_misspelled_field_is_one_line_naming_file_field_and_expected(tmp_path):
+    folder = copy_profile(tmp_path, "tp3-ring", "  rdma_resource:", "  rdma_resorce:")
+    with pytest.raises(ProfileError) as err:
+        load_profile("tp3-ring", folder)
+    message = str(err.value)
+    assert "\n" not in message
+    assert str(folder / "tp3-ring.yaml") in message
+    assert "'fabric.rdma_resorce'" in message
+    assert "did you mean 'rdma_resource'" in message
+
+
+def test_out_of_range_value_names_the_field(tmp_path):
+    folder = copy_profile(
+        tmp_path, "tp3-ring", "gpu_memory_utilization: 0.78", "gpu_memory_utilization: 1.5"
+    )
+    with pytest.raises(
+        ProfileError, match=r"field 'vllm.gpu_memory_utilization': .*less than or equal to 0.99"
+    ):
+        load_profile("tp3-ring", folder)
+
+
+def test_parallelism_that_does_not_cover_the_ring_is_refused(tmp_path):
+    folder = copy_profile(tmp_path, "tp3-ring", "parallel: {tensor: 3", "parallel: {tensor: 4")
+    with pytest.raises(ProfileError, match=r"tensor x parallel.pipeline = 4, expected .* = 3"):
+        load_profile("tp3-ring", folder)
+
+
+def test_member_in_a_list_with_a_typo_is_named_by_index(tmp_path):
+    folder = copy_profile(tmp_path, "tp4-ring", "{node: spark-2,", "{nod: spark-2,")
+    with pytest.raises(
+        ProfileError, match=r"unknown field 'members.1.nod' \(did you mean 'node'\?\)"
+    ):
+        load_profile("tp4-ring", folder)
+
+
+def test_doit_with_a_bad_profile_exits_nonzero_with_one_line():
+    result = subprocess.run(
+        [sys.executable, "-m", "doit", "list", "profile=no-such-ring"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0
+    assert result.stderr.strip().count("\n") == 0
+    assert "profile 'no-such-ring'" in result.stderr and "tp3-ring" in result.stderr
