@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import difflib
 from ipaddress import IPv4Address
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from pipelines.errors import PipelineError
 from pipelines.keys import canonical_json
+from pipelines.schema import Strict, load_yaml_model
 from pipelines.steps import Step, StepRun
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -22,12 +21,6 @@ Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 class ProfileError(PipelineError):
     """A profile that cannot be used, said in one line naming file and field."""
-
-
-class Strict(BaseModel):
-    """A profile section: unknown fields are errors, values are read-only."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Model(Strict):
@@ -140,6 +133,7 @@ class Profile(Strict):
     description: str
     runtime: Literal["simulated", "vllm", "sglang"]
     deploy: Literal["docker", "kubernetes"]
+    local_stack: bool = False
     image: Name
     model: Model
     parallel: Parallel
@@ -206,65 +200,12 @@ def load_profile(name: str, folder: Path = PROFILES_DIR) -> Profile:
 
 def parse_profile(path: Path) -> Profile:
     """Validate the YAML file at path as a profile."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ProfileError(
-            f"{path}:{where} not valid YAML: {getattr(err, 'problem', err)}"
-        ) from None
-    if not isinstance(data, dict):
-        raise ProfileError(f"{path}: expected a mapping of profile fields")
-    try:
-        profile = Profile.model_validate(data)
-    except ValidationError as err:
-        raise ProfileError(f"{path}: {describe_error(err)}") from None
+    profile = load_yaml_model(path, Profile, ProfileError)
     if profile.name != path.stem:
         raise ProfileError(
             f"{path}: field 'name': expected {path.stem!r} (the file name), got {profile.name!r}"
         )
     return profile
-
-
-def describe_error(err: ValidationError) -> str:
-    """The first validation error as 'field X: what was expected', plus how many more."""
-    # A misspelled field also makes the real one "missing": the unknown name is the cause.
-    errors = sorted(err.errors(), key=lambda e: e["type"] != "extra_forbidden")
-    first = errors[0]
-    loc = [p for p in first["loc"] if not (isinstance(p, str) and "[" in p)]
-    field = ".".join(str(p) for p in loc)
-    if first["type"] == "extra_forbidden":
-        allowed = sorted(fields_at(Profile, loc[:-1]))
-        near = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-        hint = f" (did you mean {near[0]!r}?)" if near else ""
-        text = f"unknown field {field!r}{hint}; expected one of: {', '.join(allowed)}"
-    elif field:
-        text = f"field {field!r}: {first['msg']}"
-    else:
-        text = first["msg"].removeprefix("Value error, ")
-    more = len(errors) - 1
-    return text + (f" (and {more} more error{'s' if more > 1 else ''})" if more else "")
-
-
-def fields_at(model: type[BaseModel], loc: list[Any]) -> set[str]:
-    """Field names of the model section found by following loc from model."""
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        annotation = model.model_fields[part].annotation
-        model = next(t for t in _model_types(annotation))
-    return set(model.model_fields)
-
-
-def _model_types(annotation: Any) -> list[type[BaseModel]]:
-    """The BaseModel classes inside a type annotation (through Optional, list, Annotated)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    found = []
-    for arg in getattr(annotation, "__args__", ()):
-        found += _model_types(arg)
-    return found
 
 
 def profile_step(name: str, folder: Path = PROFILES_DIR) -> Step:

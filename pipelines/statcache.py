@@ -95,8 +95,10 @@ class StatCache:
         with self._db() as db:
             db.executemany("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
 
-    def digest_files(self, paths: Iterable[Path], workers: int | None = None) -> dict[Path, str]:
-        """sha256 of each file: cached when its stat is unchanged, else hashed in parallel."""
+    def digest_files(
+        self, paths: Iterable[Path], workers: int | None = None, fresh: bool = False
+    ) -> dict[Path, str]:
+        """sha256 of each file: cached when its stat is unchanged (unless fresh), else hashed."""
         result: dict[Path, str] = {}
         misses: list[tuple[Path, StatKey]] = []
         for path in paths:
@@ -104,7 +106,7 @@ class StatCache:
             st = os.stat(path)
             if not stat.S_ISREG(st.st_mode):
                 raise IsADirectoryError(f"{path}: expected a regular file")
-            cached = self.lookup(path, st)
+            cached = None if fresh else self.lookup(path, st)
             if cached is None:
                 misses.append((path, stat_key(st)))
             else:

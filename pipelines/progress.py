@@ -1,0 +1,109 @@
+"""Progress of long transfers: a live display on a terminal, plain periodic lines otherwise."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import TextIO
+
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.progress import Progress as RichProgress
+
+GiB = 1 << 30
+
+
+def human_bytes(n: float) -> str:
+    """Bytes as GiB/MiB with two decimals."""
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / (1 << 20):.1f} MiB"
+
+
+def eta(seconds: float | None) -> str:
+    """Seconds as H:MM:SS, or '?' when unknown."""
+    if seconds is None:
+        return "?"
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+class Progress:
+    """Counts bytes of a job and of its big files; shows them live or as a line every interval."""
+
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        big_files: dict[str, int] | None = None,
+        stream: TextIO = sys.stderr,
+        interval: float = 10.0,
+    ):
+        self.label, self.total, self.stream, self.interval = label, total, stream, interval
+        self.done = 0
+        self.per_file = {name: 0 for name in big_files or {}}
+        self.sizes = dict(big_files or {})
+        self.started = time.monotonic()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._rich: RichProgress | None = None
+        if stream.isatty():
+            self._rich = RichProgress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                DownloadColumn(binary_units=True),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                transient=False,
+            )
+            self._tasks = {None: self._rich.add_task(label, total=total)}
+            for name, size in self.sizes.items():
+                self._tasks[name] = self._rich.add_task(f"  {name}", total=size)
+            self._rich.start()
+        else:
+            self._thread = threading.Thread(target=self._print_lines, daemon=True)
+            self._thread.start()
+
+    def advance(self, name: str, n: int) -> None:
+        """Count n more bytes of file name."""
+        with self._lock:
+            self.done += n
+            if name in self.per_file:
+                self.per_file[name] += n
+        if self._rich:
+            self._rich.advance(self._tasks[None], n)
+            if name in self._tasks:
+                self._rich.advance(self._tasks[name], n)
+
+    def line(self) -> str:
+        """One plain line: bytes done of total, rate, ETA, and the big files."""
+        took = max(time.monotonic() - self.started, 1e-9)
+        rate = self.done / took
+        left = (self.total - self.done) / rate if rate > 0 else None
+        pct = 100 * self.done / self.total if self.total else 100.0
+        text = (
+            f"{self.label}: {human_bytes(self.done)} / {human_bytes(self.total)} ({pct:.0f}%)"
+            f" {rate / 1e6:.0f} MB/s ETA {eta(left)}"
+        )
+        bigs = [
+            f"{name} {100 * done / max(self.sizes[name], 1):.0f}%"
+            for name, done in self.per_file.items()
+            if 0 < done < self.sizes[name]
+        ]
+        return text + (f" [{', '.join(bigs)}]" if bigs else "")
+
+    def _print_lines(self) -> None:
+        while not self._stop.wait(self.interval):
+            print(self.line(), file=self.stream, flush=True)
+
+    def close(self) -> None:
+        """Stop the display and print the closing line."""
+        self._stop.set()
+        if self._rich:
+            self._rich.stop()
+        else:
+            print(self.line(), file=self.stream, flush=True)

@@ -1,0 +1,63 @@
+"""S3-compatible object stores: clients from the standard AWS chain, and s3:// URLs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import boto3
+import botocore.config
+import botocore.exceptions
+
+from pipelines.errors import PipelineError
+
+# S3-compatible stores (SeaweedFS, MinIO, Ceph) reject or mishandle the newer default checksums.
+CLIENT_CONFIG = dict(
+    s3={"addressing_style": "path"},
+    request_checksum_calculation="when_required",
+    response_checksum_validation="when_required",
+    retries={"max_attempts": 5, "mode": "standard"},
+    connect_timeout=10,
+    read_timeout=120,
+)
+
+
+@dataclass(frozen=True)
+class S3Url:
+    """A bucket and a key prefix."""
+
+    bucket: str
+    prefix: str
+
+    @classmethod
+    def parse(cls, url: str) -> S3Url:
+        """Split s3://bucket/prefix (the prefix without a trailing slash)."""
+        if not url.startswith("s3://") or "/" not in url[5:]:
+            raise PipelineError(f"{url!r}: expected s3://BUCKET/PREFIX")
+        bucket, _, prefix = url[5:].partition("/")
+        return cls(bucket, prefix.rstrip("/"))
+
+    def key(self, name: str) -> str:
+        """The object key of a file name under the prefix."""
+        return f"{self.prefix}/{name}"
+
+
+def s3_client(pool: int = 32):
+    """A boto3 S3 client from the standard chain (env, AWS_PROFILE, config files)."""
+    session = boto3.session.Session()
+    if session.get_credentials() is None:
+        raise PipelineError(
+            "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
+            " (for the local profile, `scripts/stack up` provides them)"
+        )
+    config = botocore.config.Config(max_pool_connections=pool, **CLIENT_CONFIG)
+    return session.client("s3", config=config)
+
+
+def describe_s3_error(err: Exception, what: str) -> str:
+    """One line for a failed S3 call: unreachable, denied, or missing."""
+    if isinstance(err, botocore.exceptions.EndpointConnectionError):
+        return f"{what}: S3 endpoint unreachable ({err.kwargs.get('endpoint_url')})"
+    if isinstance(err, botocore.exceptions.ClientError):
+        code = err.response.get("Error", {}).get("Code", "?")
+        return f"{what}: S3 said {code}"
+    return f"{what}: {type(err).__name__}: {err}"

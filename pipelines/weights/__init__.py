@@ -1,0 +1,1 @@
+"""Model weights: locks, fetching into a content-addressed blob store, staging, config patches."""

@@ -1,0 +1,122 @@
+"""Model locks: the source and, per file, name, size and sha256, as `weights/<model>.lock.yaml`."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import Field, model_validator
+
+from pipelines.errors import PipelineError
+from pipelines.schema import Strict, load_yaml_model
+from pipelines.store import REPO_ROOT, write_atomic
+
+LOCKS_DIR = REPO_ROOT / "weights"
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+FileName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
+
+
+class LockError(PipelineError):
+    """A lock that cannot be used."""
+
+
+class LockEntry(Strict):
+    """One file: its name, and once locked, its size and sha256 (etag: the store's, for info)."""
+
+    name: FileName
+    size: Annotated[int, Field(ge=0)] | None = None
+    sha256: Sha256 | None = None
+    etag: str | None = None
+
+    @property
+    def locked(self) -> bool:
+        """True when size and hash are known."""
+        return self.size is not None and self.sha256 is not None
+
+    @model_validator(mode="after")
+    def hash_comes_with_size(self) -> LockEntry:
+        """A hash without a size cannot be checked cheaply: refuse it."""
+        if self.sha256 is not None and self.size is None:
+            raise ValueError(f"file {self.name!r} has a sha256 but no size")
+        return self
+
+
+class Lock(Strict):
+    """A model's lock: where it comes from and what each file must be."""
+
+    model: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9.-]*$")]
+    source: Annotated[str, Field(pattern=r"^s3://[^/]+/.+")]
+    files: Annotated[list[LockEntry], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def names_are_unique(self) -> Lock:
+        """Every file appears once."""
+        seen: set[str] = set()
+        for entry in self.files:
+            if entry.name in seen:
+                raise ValueError(f"file {entry.name!r} is listed twice")
+            seen.add(entry.name)
+        return self
+
+    def entry(self, name: str) -> LockEntry:
+        """The entry of a file name."""
+        for entry in self.files:
+            if entry.name == name:
+                return entry
+        raise LockError(f"lock of {self.model}: no file {name!r}")
+
+    def unlocked(self) -> list[str]:
+        """Names of the entries without size or hash."""
+        return [e.name for e in self.files if not e.locked]
+
+    @property
+    def size(self) -> int:
+        """Bytes in all locked files."""
+        return sum(e.size or 0 for e in self.files)
+
+
+def cache_key(source: str) -> str:
+    """The operator's model cache folder name: the first 16 hex of sha256(source)."""
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def lock_path(model: str, folder: Path = LOCKS_DIR) -> Path:
+    """The lock file of a model."""
+    return folder / f"{model}.lock.yaml"
+
+
+def load_lock(path: Path) -> Lock:
+    """Read and validate a lock file, or raise LockError with one line."""
+    return load_yaml_model(path, Lock, LockError)
+
+
+def require_locked(lock: Lock, path: Path) -> None:
+    """Refuse a lock with entries that have no hash (they can only be fetched to lock them)."""
+    missing = lock.unlocked()
+    if missing:
+        raise LockError(
+            f"{path}: files[{missing[0]!r}].sha256: not locked yet ({len(missing)} file(s));"
+            f" run `doit lock_weights` against the source to fill it"
+        )
+
+
+def dump_lock(lock: Lock) -> str:
+    """The YAML text of a lock: a header line, then one flow mapping per file."""
+    lines = [
+        f"# Lock of {lock.model}: written by `doit lock_weights`; every file's size and sha256.",
+        f"model: {lock.model}",
+        f"source: {lock.source}",
+        "files:",
+    ]
+    for e in lock.files:
+        fields = {k: v for k, v in e.model_dump().items() if v is not None or k != "etag"}
+        flow = yaml.safe_dump(fields, default_flow_style=True, sort_keys=False, width=1000)
+        lines.append(f"  - {flow.strip()}")
+    return "\n".join(lines) + "\n"
+
+
+def write_lock(lock: Lock, path: Path) -> None:
+    """Write a lock file atomically."""
+    write_atomic(path, dump_lock(lock).encode())

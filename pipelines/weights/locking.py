@@ -1,0 +1,93 @@
+"""Write a lock from what the bucket holds: every object streamed through sha256 once."""
+
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
+
+from pipelines.progress import Progress
+from pipelines.s3 import S3Url
+from pipelines.weights.lock import Lock, LockEntry, LockError
+
+MD5SUMS = "MD5SUMS.body"
+READ_CHUNK = 8 << 20
+
+
+def list_objects(client, url: S3Url) -> dict[str, dict]:
+    """Objects directly under the prefix, by file name: size and ETag."""
+    found = {}
+    for page in client.get_paginator("list_objects_v2").paginate(
+        Bucket=url.bucket, Prefix=url.prefix + "/"
+    ):
+        for obj in page.get("Contents", []):
+            name = obj["Key"][len(url.prefix) + 1 :]
+            if "/" not in name:
+                found[name] = {"size": obj["Size"], "etag": obj["ETag"].strip('"')}
+    return found
+
+
+def hash_object(client, url: S3Url, name: str, progress: Progress) -> tuple[str, str]:
+    """(sha256, md5) of one object, computed while it streams."""
+    sha, md5 = hashlib.sha256(), hashlib.md5()
+    body = client.get_object(Bucket=url.bucket, Key=url.key(name))["Body"]
+    with body:
+        while chunk := body.read(READ_CHUNK):
+            sha.update(chunk)
+            md5.update(chunk)
+            progress.advance(name, len(chunk))
+    return sha.hexdigest(), md5.hexdigest()
+
+
+def parse_md5sums(text: str) -> dict[str, str]:
+    """MD5SUMS lines ('<md5>  <name>', '*' for binary mode) as name -> md5."""
+    sums = {}
+    for line in text.splitlines():
+        if line.strip():
+            md5, _, name = line.partition(" ")
+            sums[name.strip().lstrip("*")] = md5.lower()
+    return sums
+
+
+def lock_from_bucket(client, model: str, source: str, previous: Lock | None, workers: int = 4):
+    """A lock of every object under source, cross-checked against MD5SUMS.body if shipped.
+
+    The previous lock's file order is kept; names it lists that the bucket lacks are an error.
+    """
+    url = S3Url.parse(source)
+    objects = list_objects(client, url)
+    if not objects:
+        raise LockError(f"{source}: no objects under this prefix")
+    expected = [e.name for e in previous.files] if previous else []
+    absent = [n for n in expected if n not in objects]
+    if absent:
+        raise LockError(f"{source}: {absent[0]!r} is in the lock but not in the bucket")
+    names = expected + sorted(set(objects) - set(expected))
+    total = sum(objects[n]["size"] for n in names)
+    big = {n: objects[n]["size"] for n in sorted(names, key=lambda n: -objects[n]["size"])[:2]}
+    progress = Progress(f"lock {model}", total, big)
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            digests = dict(
+                zip(
+                    names,
+                    pool.map(lambda n: hash_object(client, url, n, progress), names),
+                    strict=True,
+                )
+            )
+    finally:
+        progress.close()
+    if MD5SUMS in objects:
+        body = client.get_object(Bucket=url.bucket, Key=url.key(MD5SUMS))["Body"].read()
+        for name, md5 in parse_md5sums(body.decode()).items():
+            if name not in digests:
+                raise LockError(f"{source}/{MD5SUMS}: lists {name!r}, which the bucket lacks")
+            if digests[name][1] != md5:
+                raise LockError(
+                    f"{source}/{MD5SUMS}: {name}: md5 {digests[name][1]} does not match"
+                    f" upstream's {md5}"
+                )
+    files = [
+        LockEntry(name=n, size=objects[n]["size"], sha256=digests[n][0], etag=objects[n]["etag"])
+        for n in names
+    ]
+    return Lock(model=model, source=source, files=files)

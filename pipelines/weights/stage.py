@@ -1,0 +1,78 @@
+"""Stage a model folder `<models>/<cacheKey>/` as hard links to verified blobs."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+from pipelines.errors import PipelineError
+from pipelines.store import fsync_dir
+from pipelines.weights.fetch import BlobStore
+from pipelines.weights.lock import Lock
+
+
+class StageError(PipelineError):
+    """A model folder that cannot be staged."""
+
+
+def stage_plan(lock: Lock, overrides: dict[str, str] | None = None) -> dict[str, str]:
+    """File name -> blob sha256 of the staged folder: the lock, with patched files swapped in."""
+    plan = {e.name: e.sha256 for e in lock.files}
+    plan.update(overrides or {})
+    return plan
+
+
+def stale_names(
+    folder: Path, plan: dict[str, str], blobs: BlobStore
+) -> tuple[list[str], list[str]]:
+    """(names to (re)link, names to remove), decided by stat alone: same inode as the blob."""
+    relink = []
+    for name, sha in plan.items():
+        try:
+            staged = os.stat(folder / name)
+        except FileNotFoundError:
+            relink.append(name)
+            continue
+        blob = os.stat(blobs.blob(sha))
+        if (staged.st_dev, staged.st_ino) != (blob.st_dev, blob.st_ino):
+            relink.append(name)
+    extra = sorted(set(os.listdir(folder)) - set(plan)) if folder.is_dir() else []
+    return relink, extra
+
+
+def is_staged(folder: Path, plan: dict[str, str], blobs: BlobStore) -> bool:
+    """True when the folder is exactly the plan (stats only, no bytes read)."""
+    if not folder.is_dir():
+        return False
+    relink, extra = stale_names(folder, plan, blobs)
+    return not relink and not extra
+
+
+def stage(folder: Path, plan: dict[str, str], blobs: BlobStore) -> list[str]:
+    """Make folder exactly the plan, each name replaced atomically; returns the names linked."""
+    missing = [n for n, sha in plan.items() if not blobs.blob(sha).exists()]
+    if missing:
+        raise StageError(f"{folder}: blob of {missing[0]!r} is not in the store; fetch first")
+    folder.mkdir(parents=True, exist_ok=True)
+    relink, extra = stale_names(folder, plan, blobs)
+    for name in relink:
+        tmp = folder / f".{name}.staging"
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(blobs.blob(plan[name]), tmp)
+        except OSError as err:
+            if err.errno == errno.EXDEV:
+                raise StageError(
+                    f"{folder}: on another filesystem than the blob store {blobs.root};"
+                    " staging needs hard links (never symlinks)"
+                ) from None
+            raise
+        os.replace(tmp, folder / name)
+    for name in extra:
+        path = folder / name
+        if path.is_dir():
+            raise StageError(f"{path}: unexpected folder in a staged model")
+        path.unlink()
+    fsync_dir(folder)
+    return relink
