@@ -5,10 +5,12 @@ import sys
 
 from doit import get_var
 
+from pipelines import stack
 from pipelines.errors import PipelineError
 from pipelines.profiles import load_profile, profile_step
 from pipelines.steps import Engine
 from pipelines.store import STORE_ENV, Store
+from pipelines.weights.tasks import Weights
 
 ENGINE = Engine(Store())
 PROFILE_NAME = get_var("profile", "local")
@@ -17,18 +19,25 @@ try:
     PROFILE = load_profile(PROFILE_NAME)
 except PipelineError as err:
     sys.exit(f"error: {err}")
+if PROFILE.local_stack:
+    stack.export_s3_environment()
 
 DOIT_CONFIG = {"default_tasks": ["build"]}
 if os.environ.get(STORE_ENV):
     DOIT_CONFIG["dep_file"] = str(ENGINE.store.root / "doit.sqlite3")
 
 PROFILE_STEP = profile_step(PROFILE_NAME)
+WEIGHTS = Weights(PROFILE, ENGINE)
 
 
 def task_profile():
     return ENGINE.task(PROFILE_STEP)
 
 
+def task_weights():
+    yield from WEIGHTS.tasks()
+
+
 def task_build():
     """build everything the chosen profile deploys (profile=NAME, default local)"""
-    return {"actions": None, "task_dep": [PROFILE_STEP.name]}
+    return {"actions": None, "task_dep": [PROFILE_STEP.name, "stage_weights"]}

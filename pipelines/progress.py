@@ -107,3 +107,16 @@ class Progress:
             self._rich.stop()
         else:
             print(self.line(), file=self.stream, flush=True)
+
+
+class NoProgress:
+    """A Progress that shows nothing (for timing runs and tests)."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def advance(self, name: str, n: int) -> None:
+        """Ignore n bytes."""
+
+    def close(self) -> None:
+        """Nothing to close."""

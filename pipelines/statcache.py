@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sqlite3
 import stat
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -51,6 +52,7 @@ class StatCache:
                 "CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, dev INTEGER, ino INTEGER,"
                 " size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER, sha256 TEXT)"
             )
+            db.execute("CREATE INDEX IF NOT EXISTS files_inode ON files (dev, ino)")
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -94,6 +96,30 @@ class StatCache:
             rows.append((str(path), *key, sha))
         with self._db() as db:
             db.executemany("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+
+    def path_of_inode(self, st: os.stat_result) -> Path | None:
+        """A cached path with the same device and inode as st (another name of the file)."""
+        row = (
+            self._db()
+            .execute("SELECT path FROM files WHERE dev = ? AND ino = ?", (st.st_dev, st.st_ino))
+            .fetchone()
+        )
+        return Path(row[0]) if row else None
+
+    @contextlib.contextmanager
+    def links_changing(self, paths: Iterable[Path]) -> Iterator[None]:
+        """Keep the digests of paths across link/unlink of their inodes (ctime moves, bytes don't).
+
+        Only entries valid right before are carried over, so no unverified change is laundered.
+        """
+        valid = {}
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                sha = self.lookup(path, os.stat(path))
+                if sha:
+                    valid[path] = sha
+        yield
+        self.record((path, stat_key(os.stat(path)), sha) for path, sha in valid.items())
 
     def digest_files(
         self, paths: Iterable[Path], workers: int | None = None, fresh: bool = False

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -131,6 +130,5 @@ class Engine:
         try:
             self.run(step)
         except PipelineError as err:
-            print(f"error: {err}", file=sys.stderr)
             return TaskFailed(str(err))
         return {"key": self.key(step)}

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.errors import PipelineError
+from pipelines.progress import NoProgress
 from pipelines.s3 import S3Url
 from pipelines.statcache import StatCache, stat_key
 from pipelines.weights.fetch import BlobStore, FetchError, FetchOptions, fetch_lock
@@ -36,19 +37,6 @@ REPO = Path(__file__).resolve().parent.parent
 BIG = "model-00047-of-00048.safetensors"
 
 
-class Quiet:
-    """A progress sink for tests."""
-
-    def __init__(self, *args):
-        pass
-
-    def advance(self, name, n):
-        pass
-
-    def close(self):
-        pass
-
-
 def read_chars() -> int:
     """Bytes read through read() by this process so far."""
     line = next(x for x in Path("/proc/self/io").read_text().splitlines() if x.startswith("rchar"))
@@ -57,7 +45,7 @@ def read_chars() -> int:
 
 def fetch(client, lock, blobs, **options):
     """fetch_lock without a progress display."""
-    return fetch_lock(client, lock, blobs, FetchOptions(**options), progress_factory=Quiet)
+    return fetch_lock(client, lock, blobs, FetchOptions(**options), progress_factory=NoProgress)
 
 
 @pytest.fixture(scope="module")
@@ -146,11 +134,12 @@ def test_flipped_byte_in_bucket_is_detected_named_and_not_stored(s3, synthetic, 
 KILLABLE_FETCH = textwrap.dedent(
     """
     import sys
+    from pathlib import Path
     from pipelines.statcache import StatCache, stat_key
     from pipelines.s3 import s3_client
     from pipelines.weights.fetch import BlobStore, FetchOptions, fetch_lock
     from pipelines.weights.lock import load_lock
-    lock = load_lock(sys.argv[1])
+    lock = load_lock(Path(sys.argv[1]))
     blobs = BlobStore(sys.argv[2], StatCache(sys.argv[3]))
     options = FetchOptions(part_size=1 << 20, workers=2, ahead=2, max_rate=4e6)
     fetch_lock(s3_client(), lock, blobs, options)

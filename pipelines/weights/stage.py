@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from pathlib import Path
@@ -56,6 +57,22 @@ def stage(folder: Path, plan: dict[str, str], blobs: BlobStore) -> list[str]:
         raise StageError(f"{folder}: blob of {missing[0]!r} is not in the store; fetch first")
     folder.mkdir(parents=True, exist_ok=True)
     relink, extra = stale_names(folder, plan, blobs)
+    # Linking and unlinking move a blob's ctime: carry its verified digest across.
+    touched = {blobs.blob(plan[name]).absolute() for name in relink}
+    for name in relink + extra:
+        with contextlib.suppress(FileNotFoundError):
+            old = blobs.statcache.path_of_inode(os.stat(folder / name))
+            if old is not None:
+                touched.add(old)
+    with blobs.statcache.links_changing(touched):
+        link_names(folder, plan, blobs, relink, extra)
+    return relink
+
+
+def link_names(
+    folder: Path, plan: dict[str, str], blobs: BlobStore, relink: list[str], extra: list[str]
+) -> None:
+    """Replace each name in relink by a hard link to its blob, and remove the extra names."""
     for name in relink:
         tmp = folder / f".{name}.staging"
         tmp.unlink(missing_ok=True)
@@ -75,4 +92,3 @@ def stage(folder: Path, plan: dict[str, str], blobs: BlobStore) -> list[str]:
             raise StageError(f"{path}: unexpected folder in a staged model")
         path.unlink()
     fsync_dir(folder)
-    return relink

@@ -117,6 +117,7 @@ class ChunkReader:
     def __init__(self, chunks: Iterator[bytes]):
         self._chunks = chunks
         self._buf = b""
+        self.count = 0
 
     def read(self, size: int = -1) -> bytes:
         while size < 0 or len(self._buf) < size:
@@ -128,6 +129,7 @@ class ChunkReader:
             out, self._buf = self._buf, b""
         else:
             out, self._buf = self._buf[:size], self._buf[size:]
+        self.count += len(out)
         return out
 
 
@@ -146,5 +148,5 @@ def upload_synthetic(client, source: str, shape: SyntheticShape) -> int:
     for n in range(1, SHARDS + 1):
         reader = ChunkReader(shard_chunks(shape, n))
         client.upload_fileobj(reader, url.bucket, url.key(shard_name(n)), Config=config)
-        total += sum(1 for _ in ()) + shard_size(shape, n)
+        total += reader.count
     return total

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
@@ -60,7 +59,6 @@ def as_doit_action(work: Callable[[], Any]) -> Callable[[], Any]:
         try:
             work()
         except PipelineError as err:
-            print(f"error: {err}", file=sys.stderr)
             return TaskFailed(str(err))
 
     return action
@@ -114,17 +112,19 @@ class Weights:
             objects = list_objects(self.client, S3Url.parse(lock.source))
         except Exception:  # an unreachable store: the action says so in one line
             return False
-        return all(
-            objects.get(e.name) == {"size": e.size, "etag": e.etag} for e in lock.files
-        )
+        return all(objects.get(e.name) == {"size": e.size, "etag": e.etag} for e in lock.files)
 
     def upload_synthetic(self) -> None:
         """Generate the synthetic model and put it in the bucket."""
         try:
             sent = upload_synthetic(self.client, self.profile.model.source, SyntheticShape())
+        except PipelineError:
+            raise
         except Exception as err:
             raise PipelineError(describe_s3_error(err, self.profile.model.source)) from None
-        print(f"synthetic_model: uploaded {sent / (1 << 20):.1f} MiB to {self.profile.model.source}")
+        print(
+            f"synthetic_model: uploaded {sent / (1 << 20):.1f} MiB to {self.profile.model.source}"
+        )
 
     # --- lock ------------------------------------------------------------------------------
 
@@ -218,7 +218,9 @@ class Weights:
     def verify(self) -> None:
         """Re-hash every blob of the lock (in parallel, ignoring the stat cache) and the stage."""
         lock = self.locked()
-        paths = [self.blobs.blob(e.sha256) for e in lock.files if self.blobs.blob(e.sha256).exists()]
+        paths = [
+            self.blobs.blob(e.sha256) for e in lock.files if self.blobs.blob(e.sha256).exists()
+        ]
         digests = self.blobs.statcache.digest_files(paths, fresh=True)
         bad = []
         for e in lock.files:

@@ -122,7 +122,11 @@ def bench_cold(folder: Path, gib: float) -> None:
     def sha256sum() -> None:
         subprocess.run(["sha256sum", *map(str, files)], check=True, stdout=subprocess.DEVNULL)
 
-    runners = {"sparkforge (parallel)": ours, "hashlib single stream": single, "sha256sum": sha256sum}
+    runners = {
+        "sparkforge (parallel)": ours,
+        "hashlib single stream": single,
+        "sha256sum": sha256sum,
+    }
     times: dict[str, list[float]] = {name: [] for name in runners}
     for _ in range(3):
         for name, run in runners.items():

@@ -1,0 +1,40 @@
+"""Shared fixtures: the local stack of real services on 127.0.0.1 (pipelines/stack.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines import stack as local_stack
+
+
+@pytest.fixture(scope="session")
+def stack():
+    """The local stack's Endpoints; stopped at the end only where this session started it."""
+    before = {s.name for s in local_stack.status() if s.state in ("running", "unhealthy")}
+    endpoints = local_stack.up()
+    yield endpoints
+    started_here = [name for name in endpoints.started if name not in before]
+    if started_here:
+        local_stack.down(services=started_here)
+
+
+@pytest.fixture(scope="session")
+def s3(stack):
+    """A boto3 S3 client for the stack's S3, signed with the stack's keys."""
+    client = local_stack.s3_client(stack, local_stack.s3_credentials())
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def stack_env(stack):
+    """Environment variables pointing the standard AWS chain at the stack's S3 (subprocesses)."""
+    return local_stack.s3_environment(stack, local_stack.s3_credentials())
+
+
+@pytest.fixture(scope="session")
+def docker_client(stack):
+    """A Docker SDK client for the stack's engine."""
+    client = local_stack.docker_client(stack)
+    yield client
+    client.close()

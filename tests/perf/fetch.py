@@ -1,0 +1,128 @@
+"""Benchmark: fetching the synthetic model from the local SeaweedFS, ours vs s5cmd vs aws s3 cp.
+
+Run: .venv/bin/python tests/perf/fetch.py [--runs 3] [--engram-mib 1200] [--shard-mib 40]
+
+Ours verifies sha256 of every file while it streams and writes into the blob store; s5cmd and
+`aws s3 cp --recursive` only copy. Runs alternate between the tools (so page cache and
+server warm-up favour none), each into a fresh folder on the same disk; medians and the
+ratio ours/s5cmd are printed (target <= 1.0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from pipelines import stack  # noqa: E402
+from pipelines.progress import NoProgress  # noqa: E402
+from pipelines.s3 import S3Url, s3_client  # noqa: E402
+from pipelines.statcache import StatCache  # noqa: E402
+from pipelines.weights.fetch import BlobStore, FetchOptions, fetch_lock  # noqa: E402
+from pipelines.weights.locking import list_objects, lock_from_bucket  # noqa: E402
+from pipelines.weights.synthetic import SyntheticShape, model_names, upload_synthetic  # noqa: E402
+
+MiB = 1 << 20
+BIN = Path(sys.executable).parent
+
+
+def ensure_model(client, source: str, shape: SyntheticShape):
+    """Upload the synthetic model under source unless all 54 objects are there; lock it."""
+    have = list_objects(client, S3Url.parse(source))
+    if set(have) != set(model_names()):
+        print(f"uploading synthetic model to {source} ...", flush=True)
+        upload_synthetic(client, source, shape)
+    print("locking (streaming every object through sha256) ...", flush=True)
+    return lock_from_bucket(client, "perf", source, previous=None)
+
+
+def run_ours(lock, dest: Path, options: FetchOptions) -> None:
+    """This project's fetch, sha256 verified, into a fresh blob store."""
+    blobs = BlobStore(dest, StatCache(dest / "statcache.sqlite3"))
+    fetch_lock(s3_client(), lock, blobs, options, progress_factory=NoProgress)
+
+
+def run_s5cmd(source: str, dest: Path, endpoint: str) -> None:
+    """s5cmd cp of the whole prefix (no verification)."""
+    subprocess.run(
+        [str(BIN / "s5cmd"), "--endpoint-url", endpoint, "cp", f"{source}/*", f"{dest}/"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def run_aws(source: str, dest: Path, endpoint: str) -> None:
+    """aws s3 cp --recursive of the whole prefix (no verification)."""
+    subprocess.run(
+        [
+            str(BIN / "aws"),
+            "--endpoint-url",
+            endpoint,
+            "s3",
+            "cp",
+            "--recursive",
+            "--quiet",
+            source,
+            str(dest),
+        ],
+        check=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--engram-mib", type=int, default=1200)
+    parser.add_argument("--shard-mib", type=int, default=40)
+    parser.add_argument("--part-mib", type=float, default=16)
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--files-at-once", type=int, default=4)
+    parser.add_argument("--dir", type=Path, default=None)
+    args = parser.parse_args()
+
+    endpoints = stack.up()
+    stack.export_s3_environment()
+    endpoint = endpoints.s3_url
+    shape = SyntheticShape(shard_bytes=args.shard_mib * MiB, engram_bytes=args.engram_mib * MiB)
+    source = f"s3://models/perf/synthetic-{args.shard_mib}-{args.engram_mib}"
+    lock = ensure_model(s3_client(), source, shape)
+    print(f"model: {len(lock.files)} files, {lock.size / (1 << 30):.2f} GiB, S3 {endpoints.s3_url}")
+    options = FetchOptions(
+        part_size=int(args.part_mib * MiB), workers=args.workers, files_at_once=args.files_at_once
+    )
+    tools = {
+        "sparkforge (sha256 verified)": lambda d: run_ours(lock, d, options),
+        "s5cmd cp": lambda d: run_s5cmd(source, d, endpoint),
+        "aws s3 cp --recursive": lambda d: run_aws(source, d, endpoint),
+    }
+    times: dict[str, list[float]] = {name: [] for name in tools}
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="fetch-bench-") as tmp:
+        for run in range(args.runs):
+            for name, tool in tools.items():
+                dest = Path(tmp) / "dest"
+                dest.mkdir()
+                start = time.perf_counter()
+                tool(dest)
+                took = time.perf_counter() - start
+                times[name].append(took)
+                print(f"  run {run + 1} {name:30s} {took:6.2f} s", flush=True)
+                shutil.rmtree(dest)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    print(f"medians over {args.runs} alternating runs ({os.cpu_count()} cores):")
+    for name, t in medians.items():
+        print(f"  {name:30s} {t:6.2f} s  {lock.size / t / 1e6:7.0f} MB/s")
+    ours = medians["sparkforge (sha256 verified)"]
+    print(f"  ours / s5cmd = {ours / medians['s5cmd cp']:.2f} (target <= 1.0)")
+    print(f"  ours / aws   = {ours / medians['aws s3 cp --recursive']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

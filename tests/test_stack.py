@@ -1,0 +1,290 @@
+"""The local stack: real S3, registry and Docker Engine on 127.0.0.1, no doubles."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import tarfile
+import uuid
+from pathlib import Path
+
+import boto3
+import botocore.exceptions
+import docker
+import pytest
+import requests
+from botocore.config import Config
+
+from pipelines import stack as local_stack
+
+STACK_SCRIPT = local_stack.REPO_ROOT / "scripts" / "stack"
+EXPORTED_AWS_VARIABLES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+)
+MANIFEST_TYPES = ", ".join(
+    [
+        "application/vnd.docker.distribution.manifest.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+    ]
+)
+
+
+def _stack_processes(directory: Path, program: str) -> list[int]:
+    """Pids of live `program` processes whose command line points into directory."""
+    inside = f"{directory}/".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if Path(argv[0].decode()).name == program and any(inside in arg for arg in argv):
+            found.append(int(entry.name))
+    return found
+
+
+def _port_free(port: int) -> bool:
+    """Whether nothing holds port on 127.0.0.1."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _spare_ports() -> tuple[int, int]:
+    """An S3 port whose whole weed block is free, and a free registry port."""
+    s3_port = next(
+        port
+        for port in range(21333, 50000, 20)
+        if all(_port_free(p) for p in local_stack.s3_ports(port).values())
+    )
+    registry_port = next(port for port in range(25000, 26000) if _port_free(port))
+    return s3_port, registry_port
+
+
+def _spare_vars(directory: Path, endpoints: local_stack.Endpoints) -> dict[str, str]:
+    """Variables for a second stack in directory on free ports, reusing the first's engine."""
+    s3_port, registry_port = _spare_ports()
+    return {
+        local_stack.STACK_DIR_ENV: str(directory),
+        local_stack.S3_PORT_ENV: str(s3_port),
+        local_stack.REGISTRY_PORT_ENV: str(registry_port),
+        "DOCKER_HOST": endpoints.docker_host,
+    }
+
+
+def _run_stack(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run scripts/stack and return what it printed; fail the test when it fails."""
+    result = subprocess.run(
+        [str(STACK_SCRIPT), *args], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def _states(status_output: str) -> dict[str, str]:
+    """Service name -> state from `scripts/stack status` output."""
+    return {line.split()[0]: line.split()[1] for line in status_output.splitlines()}
+
+
+def _tiny_context(content: bytes) -> io.BytesIO:
+    """A build context tar: FROM scratch plus one small file."""
+    files = {"Dockerfile": b"FROM scratch\nCOPY tiny.txt /tiny.txt\n", "tiny.txt": content}
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    buffer.seek(0)
+    return buffer
+
+
+def test_up_again_keeps_the_same_single_set_of_services(stack):
+    directory = local_stack.default_stack_dir()
+    before = {s.name: s.pid for s in local_stack.status()}
+
+    _run_stack("up")
+
+    after = {s.name: s.pid for s in local_stack.status()}
+    assert after == before
+    assert _stack_processes(directory, "weed") == [before["s3"]]
+    assert _stack_processes(directory, "docker-registry") == [before["registry"]]
+    if "docker" in stack.started:
+        assert _stack_processes(directory, "dockerd") == [before["docker"]]
+
+
+def test_s3_object_round_trips_through_the_models_bucket(s3):
+    key = f"test-stack/{uuid.uuid4().hex}.bin"
+    body = os.urandom(64 * 1024)
+
+    s3.put_object(Bucket="models", Key=key, Body=body)
+    try:
+        assert s3.get_object(Bucket="models", Key=key)["Body"].read() == body
+    finally:
+        s3.delete_object(Bucket="models", Key=key)
+
+
+def test_s3_rejects_a_wrong_secret_and_unsigned_requests(stack):
+    credentials = local_stack.s3_credentials()
+    wrong = credentials | {"AWS_SECRET_ACCESS_KEY": "0" * 40}
+    client = local_stack.s3_client(stack, wrong)
+
+    with pytest.raises(botocore.exceptions.ClientError) as rejected:
+        client.put_object(Bucket="models", Key="test-stack/forged", Body=b"x")
+    unsigned = requests.put(f"{stack.s3_url}/models/test-stack/anonymous", data=b"x", timeout=10)
+
+    assert rejected.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    assert unsigned.status_code == 403
+
+
+def test_registry_push_then_pull_gives_back_the_registry_digest(stack, docker_client):
+    repository = f"{stack.registry}/sparkforge-test/tiny"
+    tag = uuid.uuid4().hex[:12]
+    image, _ = docker_client.images.build(fileobj=_tiny_context(tag.encode()), custom_context=True)
+    image.tag(repository, tag)
+    try:
+        pushed = list(docker_client.images.push(repository, tag=tag, stream=True, decode=True))
+        assert not [line for line in pushed if "error" in line]
+        docker_client.images.remove(f"{repository}:{tag}", force=True)
+        with pytest.raises(docker.errors.ImageNotFound):
+            docker_client.images.get(f"{repository}:{tag}")
+
+        pulled = docker_client.images.pull(repository, tag=tag)
+        manifest = requests.get(
+            f"http://{stack.registry}/v2/sparkforge-test/tiny/manifests/{tag}",
+            headers={"Accept": MANIFEST_TYPES},
+            timeout=10,
+        )
+
+        digest = manifest.headers["Docker-Content-Digest"]
+        assert digest == "sha256:" + hashlib.sha256(manifest.content).hexdigest()
+        assert f"{repository}@{digest}" in pulled.attrs["RepoDigests"]
+        assert pulled.id == image.id
+    finally:
+        docker_client.images.remove(image.id, force=True)
+
+
+def test_docker_build_runs_a_step_whose_file_a_container_reads(docker_client, tmp_path):
+    (tmp_path / "bin").mkdir()
+    shutil.copy2("/bin/busybox", tmp_path / "bin" / "busybox")
+    (tmp_path / "Dockerfile").write_text(
+        "FROM scratch\n"
+        "COPY bin/busybox /bin/busybox\n"
+        'RUN ["/bin/busybox", "sh", "-c", "echo hi from RUN > /hello"]\n'
+    )
+    image, _ = docker_client.images.build(path=str(tmp_path), network_mode="host", forcerm=True)
+    try:
+        output = docker_client.containers.run(
+            image.id, ["/bin/busybox", "cat", "/hello"], network_mode="host", remove=True
+        )
+        assert output == b"hi from RUN\n"
+    finally:
+        docker_client.images.remove(image.id, force=True)
+
+
+def test_status_lists_every_service_and_no_secret_is_written_anywhere(stack):
+    directory = local_stack.default_stack_dir()
+    secret = local_stack.s3_credentials()["AWS_SECRET_ACCESS_KEY"]
+
+    result = _run_stack("status")
+
+    states = _states(result.stdout)
+    assert list(states) == ["s3", "registry", "docker"]
+    assert states["s3"] == states["registry"] == "running"
+    assert states["docker"] in ("running", "external")
+    assert secret not in result.stdout + result.stderr
+    assert local_stack.read_endpoints() == stack
+    assert secret not in (directory / "endpoints.json").read_text()
+    for log in directory.glob("*.log"):
+        assert secret not in log.read_text(errors="replace"), log
+    credentials_mode = (directory / "s3-credentials.json").stat().st_mode
+    assert stat.S_IMODE(credentials_mode) == 0o600
+
+
+def test_concurrent_ups_start_one_set_of_services(stack, tmp_path):
+    spare = tmp_path / "stack"
+    env = os.environ | _spare_vars(spare, stack)
+    try:
+        ups = [
+            subprocess.Popen(
+                [str(STACK_SCRIPT), "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+            for _ in range(2)
+        ]
+        for up in ups:
+            _, errors = up.communicate(timeout=180)
+            assert up.returncode == 0, errors.decode()
+
+        assert len(_stack_processes(spare, "weed")) == 1
+        assert len(_stack_processes(spare, "docker-registry")) == 1
+        assert _stack_processes(spare, "dockerd") == []
+    finally:
+        _run_stack("down", env=env)
+
+
+def test_down_stops_what_up_started_and_leaves_a_foreign_engine_running(
+    stack, docker_client, tmp_path
+):
+    spare = tmp_path / "stack"
+    env = os.environ | _spare_vars(spare, stack)
+    _run_stack("up", env=env)
+    assert local_stack.read_endpoints(spare).started == ("s3", "registry")
+
+    _run_stack("down", env=env)
+    states = _states(_run_stack("status", env=env).stdout)
+
+    assert states == {"s3": "stopped", "registry": "stopped", "docker": "external"}
+    assert docker_client.ping()
+    for program in ("weed", "docker-registry", "dockerd", "containerd"):
+        assert _stack_processes(spare, program) == [], program
+    assert list(spare.glob("*.pid")) == []
+    assert not (spare / "endpoints.json").exists()
+
+
+def test_up_with_a_taken_port_names_it_and_leaves_nothing_running(stack, tmp_path, monkeypatch):
+    spare = tmp_path / "stack"
+    for name, value in _spare_vars(spare, stack).items():
+        monkeypatch.setenv(name, value)
+    registry_port = int(os.environ[local_stack.REGISTRY_PORT_ENV])
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", registry_port))
+        squatter.listen()
+        with pytest.raises(local_stack.StackError) as failure:
+            local_stack.up(spare)
+
+    assert f"registry: port 127.0.0.1:{registry_port} is already in use" in str(failure.value)
+    assert local_stack.REGISTRY_PORT_ENV in str(failure.value)
+    assert [s.state for s in local_stack.status(spare)][:2] == ["stopped", "stopped"]
+    assert _stack_processes(spare, "weed") == []
+
+
+def test_exported_environment_lets_the_standard_aws_chain_reach_s3(stack, monkeypatch):
+    for name in EXPORTED_AWS_VARIABLES:
+        # Set, then deleted: monkeypatch records each, so the exports are undone afterwards.
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+    local_stack.export_s3_environment()
+    client = boto3.session.Session().client(
+        "s3", config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1})
+    )
+
+    assert client.head_bucket(Bucket="models")["ResponseMetadata"]["HTTPStatusCode"] == 200
