@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from pathlib import Path
 
+import boto3
+import botocore.config
 import pytest
 
 from pipelines.errors import PipelineError
 from pipelines.progress import NoProgress
-from pipelines.s3 import S3Url
-from pipelines.statcache import StatCache, stat_key
+from pipelines.s3 import CLIENT_CONFIG, S3Url
+from pipelines.statcache import StatCache
 from pipelines.weights.fetch import BlobStore, FetchError, FetchOptions, fetch_lock
 from pipelines.weights.lock import (
     Lock,
@@ -135,7 +140,7 @@ KILLABLE_FETCH = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from pipelines.statcache import StatCache, stat_key
+    from pipelines.statcache import StatCache
     from pipelines.s3 import s3_client
     from pipelines.weights.fetch import BlobStore, FetchOptions, fetch_lock
     from pipelines.weights.lock import load_lock
@@ -147,7 +152,7 @@ KILLABLE_FETCH = textwrap.dedent(
 )
 
 
-def test_fetch_killed_mid_file_resumes_without_downloading_finished_ranges(
+def test_fetch_killed_mid_file_resumes_without_downloading_what_it_has(
     s3, synthetic, blobs, tmp_path, stack_env
 ):
     _, lock = synthetic
@@ -155,54 +160,39 @@ def test_fetch_killed_mid_file_resumes_without_downloading_finished_ranges(
     lock_file = tmp_path / "one.lock.yaml"
     lock_file.write_text(json.dumps(one.model_dump()))
     entry = one.files[0]
-    journal = blobs.partial / f"{entry.sha256}.journal"
+    part = blobs.partial / f"{entry.sha256}.part"
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLABLE_FETCH, lock_file, blobs.root, blobs.statcache.db_path],
         env={**os.environ, **stack_env},
         cwd=REPO,
     )
     deadline = time.monotonic() + 60
-    while not journal.exists() or len(journal.read_text().split()) < 6:
+    while not part.exists() or part.stat().st_size < 6 << 20:
         assert proc.poll() is None, "the fetch ended before it could be killed"
         assert time.monotonic() < deadline
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    finished = len(set(journal.read_text().split()))
-    remaining = entry.size - finished * (1 << 20)
+    have = part.stat().st_size
+    remaining = entry.size - have
     assert 0 < remaining < entry.size
     assert not blobs.blob(entry.sha256).exists()
 
     report = fetch(s3, one, blobs, part_size=1 << 20)
-    assert report.downloaded <= remaining
-    assert report.downloaded + report.read_back == entry.size
+    assert report.downloaded == remaining  # nothing it had on disk came over the network again
+    assert report.read_back == have
     assert blobs.is_intact(entry.sha256, entry.size)
+    assert not part.exists()
 
 
 def test_no_op_check_of_a_full_size_lock_reads_no_file_bytes(tmp_path):
     sys.path.insert(0, str(REPO / "tests" / "perf"))
-    from keying import model_sizes
+    from noop import full_size_store, noop_check
 
-    blobs = BlobStore(tmp_path / "weights", StatCache(tmp_path / "statcache.sqlite3"))
-    files, primed = [], []
-    for name, size in model_sizes().items():
-        # Fake digests: a fetch records the hash it streamed, so priming the cache the same
-        # way exercises exactly the no-op path without hashing 460 GB here.
-        sha = hashlib.sha256(name.encode()).hexdigest()
-        with open(blobs.blob(sha), "wb") as f:
-            f.truncate(size)
-        files.append({"name": name, "size": size, "sha256": sha})
-        primed.append((blobs.blob(sha).absolute(), sha))
-    blobs.statcache.record((path, stat_key(os.stat(path)), sha) for path, sha in primed)
-    lock = Lock(model="full", source="s3://models/full/x", files=files)
+    blobs, lock, folder = full_size_store(tmp_path)
     assert lock.size == 460 * 10**9
-    folder = blobs.models / cache_key(lock.source)
-    stage(folder, stage_plan(lock), blobs)
-
-    fresh = BlobStore(blobs.root, StatCache(blobs.statcache.db_path))
     before = read_chars()
-    assert fresh.missing(lock) == []
-    assert is_staged(folder, stage_plan(lock), fresh)
+    assert noop_check(blobs, lock, folder)
     assert read_chars() - before < 1 << 20
 
 
@@ -259,3 +249,73 @@ def test_folder_patch_keeps_the_original_and_never_writes_through_a_hard_link(tm
     assert blob.read_bytes() == original_bytes
     assert (folder / "config.json.orig-hf").read_bytes() == original_bytes
     assert json.loads((folder / "config.json").read_text())["text_config"]["o_groups"] == 9
+
+
+class CuttingProxy:
+    """A TCP proxy to the real S3 that cuts every third connection after 300 kB of reply."""
+
+    def __init__(self, target_port: int):
+        self.target = ("127.0.0.1", target_port)
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.connections = 0
+        self.cuts = 0
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            self.connections += 1
+            cut = self.connections % 3 == 0
+            upstream = socket.create_connection(self.target)
+            threading.Thread(target=self.pipe, args=(client, upstream, None), daemon=True).start()
+            limit = 300_000 if cut else None
+            threading.Thread(target=self.pipe, args=(upstream, client, limit), daemon=True).start()
+
+    def pipe(self, src: socket.socket, dst: socket.socket, limit: int | None) -> None:
+        sent = 0
+        try:
+            while data := src.recv(65536):
+                if limit is not None and sent + len(data) > limit:
+                    self.cuts += 1
+                    break
+                dst.sendall(data)
+                sent += len(data)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_dropped_connections_are_retried_and_the_file_still_verifies(
+    synthetic, blobs, stack, stack_env
+):
+    _, lock = synthetic
+    entry = lock.entry(BIG)
+    one = Lock(model=lock.model, source=lock.source, files=[entry])
+    proxy = CuttingProxy(int(stack.s3_url.rsplit(":", 1)[1]))
+    config = botocore.config.Config(max_pool_connections=4, **CLIENT_CONFIG)
+    client = boto3.session.Session().client(
+        "s3",
+        endpoint_url=f"http://127.0.0.1:{proxy.port}",
+        region_name=stack.s3_region,
+        aws_access_key_id=stack_env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=stack_env["AWS_SECRET_ACCESS_KEY"],
+        config=config,
+    )
+    try:
+        report = fetch(client, one, blobs, part_size=1 << 20, workers=4)
+    finally:
+        proxy.close()
+    assert proxy.cuts > 0
+    assert report.fetched == [BIG]
+    assert report.downloaded > entry.size  # the cut ranges came again
+    assert blobs.is_intact(entry.sha256, entry.size)

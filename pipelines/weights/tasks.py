@@ -40,7 +40,7 @@ def weights_root(engine: Engine) -> Path:
 
 
 def fetch_options_from_env() -> FetchOptions:
-    """Fetch tuning, overridable per node: SPARKFORGE_FETCH_{PART_MIB,WORKERS,MAX_MBPS}."""
+    """Fetch tuning, per node: SPARKFORGE_FETCH_{PART_MIB,WORKERS,MAX_MBPS,FSYNC}."""
     defaults = FetchOptions()
     part = os.environ.get("SPARKFORGE_FETCH_PART_MIB")
     workers = os.environ.get("SPARKFORGE_FETCH_WORKERS")
@@ -49,6 +49,7 @@ def fetch_options_from_env() -> FetchOptions:
         part_size=int(float(part) * (1 << 20)) if part else defaults.part_size,
         workers=int(workers) if workers else defaults.workers,
         max_rate=float(rate) * 1e6 if rate else None,
+        durable=os.environ.get("SPARKFORGE_FETCH_FSYNC", "1") != "0",
     )
 
 
@@ -216,22 +217,26 @@ class Weights:
     # --- verify ----------------------------------------------------------------------------
 
     def verify(self) -> None:
-        """Re-hash every blob of the lock (in parallel, ignoring the stat cache) and the stage."""
+        """Re-hash every blob of the lock now (in parallel, past the stat cache); drop bad ones."""
         lock = self.locked()
-        paths = [
-            self.blobs.blob(e.sha256) for e in lock.files if self.blobs.blob(e.sha256).exists()
-        ]
-        digests = self.blobs.statcache.digest_files(paths, fresh=True)
-        bad = []
-        for e in lock.files:
-            path = self.blobs.blob(e.sha256)
-            actual = digests.get(path.absolute())
-            if actual != e.sha256:
-                bad.append(f"{e.name}: expected {e.sha256}, got {actual or 'no blob'}")
-                if path.exists():
-                    path.unlink()  # a bad blob must not be trusted again: fetch replaces it
+        blobs = {e.name: self.blobs.blob(e.sha256).absolute() for e in lock.files}
+        digests = self.blobs.statcache.digest_files(
+            [path for path in blobs.values() if path.exists()], fresh=True
+        )
+        bad = [e for e in lock.files if digests.get(blobs[e.name]) != e.sha256]
+        for e in bad:
+            # Neither the blob nor a staged name of its inode may be trusted again.
+            for path in (self.folder / e.name, blobs[e.name]):
+                path.unlink(missing_ok=True)
         if bad:
-            raise PipelineError("verify_weights: " + "; ".join(bad))
+            raise PipelineError(
+                "verify_weights: "
+                + "; ".join(
+                    f"{e.name}: expected {e.sha256}, got {digests.get(blobs[e.name], 'no blob')}"
+                    for e in bad
+                )
+                + " (removed; `doit build` fetches them again)"
+            )
         if self.folder.exists() and not self.staged(self._patch):
             raise PipelineError(
                 f"verify_weights: {self.folder} differs from the lock; run `doit stage_weights`"

@@ -11,6 +11,7 @@ ratio ours/s5cmd are printed (target <= 1.0).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import statistics
@@ -59,6 +60,12 @@ def run_s5cmd(source: str, dest: Path, endpoint: str) -> None:
     )
 
 
+def run_s5cmd_synced(source: str, dest: Path, endpoint: str) -> None:
+    """s5cmd cp, then sync: the same durability as ours (which fsyncs every file)."""
+    run_s5cmd(source, dest, endpoint)
+    os.sync()
+
+
 def run_aws(source: str, dest: Path, endpoint: str) -> None:
     """aws s3 cp --recursive of the whole prefix (no verification)."""
     subprocess.run(
@@ -98,9 +105,12 @@ def main() -> None:
     options = FetchOptions(
         part_size=int(args.part_mib * MiB), workers=args.workers, files_at_once=args.files_at_once
     )
+    no_fsync = dataclasses.replace(options, durable=False)
     tools = {
         "sparkforge (sha256 verified)": lambda d: run_ours(lock, d, options),
+        "sparkforge, no fsync": lambda d: run_ours(lock, d, no_fsync),
         "s5cmd cp": lambda d: run_s5cmd(source, d, endpoint),
+        "s5cmd cp + sync": lambda d: run_s5cmd_synced(source, d, endpoint),
         "aws s3 cp --recursive": lambda d: run_aws(source, d, endpoint),
     }
     times: dict[str, list[float]] = {name: [] for name in tools}
@@ -109,6 +119,7 @@ def main() -> None:
             for name, tool in tools.items():
                 dest = Path(tmp) / "dest"
                 dest.mkdir()
+                os.sync()  # no run pays for the writeback of the one before
                 start = time.perf_counter()
                 tool(dest)
                 took = time.perf_counter() - start
@@ -120,8 +131,11 @@ def main() -> None:
     for name, t in medians.items():
         print(f"  {name:30s} {t:6.2f} s  {lock.size / t / 1e6:7.0f} MB/s")
     ours = medians["sparkforge (sha256 verified)"]
-    print(f"  ours / s5cmd = {ours / medians['s5cmd cp']:.2f} (target <= 1.0)")
-    print(f"  ours / aws   = {ours / medians['aws s3 cp --recursive']:.2f}")
+    print(f"  ours / s5cmd          = {ours / medians['s5cmd cp']:.2f} (target <= 1.0)")
+    print(f"  ours / (s5cmd + sync) = {ours / medians['s5cmd cp + sync']:.2f}")
+    lazy = medians["sparkforge, no fsync"]
+    print(f"  ours without fsync / s5cmd = {lazy / medians['s5cmd cp']:.2f}")
+    print(f"  ours / aws            = {ours / medians['aws s3 cp --recursive']:.2f}")
 
 
 if __name__ == "__main__":
