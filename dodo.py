@@ -7,6 +7,7 @@ from doit import get_var
 
 from pipelines import stack
 from pipelines.errors import PipelineError
+from pipelines.images.tasks import Images
 from pipelines.profiles import load_profile, profile_step
 from pipelines.steps import Engine
 from pipelines.store import STORE_ENV, Store
@@ -28,6 +29,7 @@ if os.environ.get(STORE_ENV):
 
 PROFILE_STEP = profile_step(PROFILE_NAME)
 WEIGHTS = Weights(PROFILE, ENGINE)
+IMAGES = Images(PROFILE, ENGINE)
 
 
 def task_profile():
@@ -38,6 +40,10 @@ def task_weights():
     yield from WEIGHTS.tasks()
 
 
+def task_images():
+    yield from IMAGES.tasks()
+
+
 def task_build():
     """build everything the chosen profile deploys (profile=NAME, default local)"""
-    return {"actions": None, "task_dep": [PROFILE_STEP.name, "stage_weights"]}
+    return {"actions": None, "task_dep": [PROFILE_STEP.name, "image", "stage_weights"]}

@@ -134,6 +134,9 @@ class Profile(Strict):
     runtime: Literal["simulated", "vllm", "sglang"]
     deploy: Literal["docker", "kubernetes"]
     local_stack: bool = False
+    registry: Annotated[str, Field(pattern=r"^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*$")] | None = (
+        None
+    )
     image: Name
     model: Model
     parallel: Parallel
@@ -156,6 +159,13 @@ class Profile(Strict):
         extra = [k for k, v in engines.items() if v is not None and k != self.runtime]
         if extra:
             raise ValueError(f"section {extra[0]!r} does not apply to runtime {self.runtime!r}")
+        return self
+
+    @model_validator(mode="after")
+    def images_have_a_registry(self) -> Profile:
+        """Images go to the local stack's registry or to the one the profile names."""
+        if not self.local_stack and not self.registry:
+            raise ValueError("field 'registry' is required unless local_stack is true")
         return self
 
     @model_validator(mode="after")

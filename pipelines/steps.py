@@ -132,3 +132,15 @@ class Engine:
         except PipelineError as err:
             return TaskFailed(str(err))
         return {"key": self.key(step)}
+
+
+def as_doit_action(work: Callable[[], Any]) -> Callable[[], Any]:
+    """A doit action that reports a PipelineError as one line and a failed task."""
+
+    def action():
+        try:
+            work()
+        except PipelineError as err:
+            return TaskFailed(str(err))
+
+    return action

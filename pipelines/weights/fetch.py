@@ -56,10 +56,10 @@ class IncompleteRange(ConnectionError):
 class FetchOptions:
     """Tuning of a fetch; memory held is at most files_at_once x ahead x part_size."""
 
-    part_size: int = 16 * MiB
-    workers: int = 12
+    part_size: int = 32 * MiB
+    workers: int = 8
     files_at_once: int = 4
-    ahead: int = 6
+    ahead: int = 4
     max_rate: float | None = None  # bytes per second over all ranges, None for no limit
     retries: int = 5
     durable: bool = True  # fsync each file before it enters the store (survives power loss)

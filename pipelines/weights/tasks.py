@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from doit.exceptions import TaskFailed
-
 from pipelines.errors import PipelineError
 from pipelines.profiles import Profile
 from pipelines.s3 import S3Url, describe_s3_error, s3_client
-from pipelines.steps import Engine, Step, StepRun
+from pipelines.steps import Engine, Step, StepRun, as_doit_action
 from pipelines.weights.fetch import BlobStore, FetchOptions, fetch_lock
 from pipelines.weights.lock import (
     Lock,
@@ -51,18 +48,6 @@ def fetch_options_from_env() -> FetchOptions:
         max_rate=float(rate) * 1e6 if rate else None,
         durable=os.environ.get("SPARKFORGE_FETCH_FSYNC", "1") != "0",
     )
-
-
-def as_doit_action(work: Callable[[], Any]) -> Callable[[], Any]:
-    """A doit action that reports a PipelineError as one line and a failed task."""
-
-    def action():
-        try:
-            work()
-        except PipelineError as err:
-            return TaskFailed(str(err))
-
-    return action
 
 
 class Weights:

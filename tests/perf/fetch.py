@@ -89,9 +89,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--engram-mib", type=int, default=1200)
     parser.add_argument("--shard-mib", type=int, default=40)
-    parser.add_argument("--part-mib", type=float, default=16)
-    parser.add_argument("--workers", type=int, default=16)
-    parser.add_argument("--files-at-once", type=int, default=4)
+    defaults = FetchOptions()
+    parser.add_argument("--part-mib", type=float, default=defaults.part_size / MiB)
+    parser.add_argument("--workers", type=int, default=defaults.workers)
+    parser.add_argument("--files-at-once", type=int, default=defaults.files_at_once)
     parser.add_argument("--dir", type=Path, default=None)
     args = parser.parse_args()
 

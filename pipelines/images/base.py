@@ -1,0 +1,158 @@
+"""Base images made here: a Debian rootfs from debootstrap, packed as a one-layer OCI image.
+
+Base images cannot be pulled on these machines, so the local profile's runtime builds on a
+Debian made by debootstrap. No Docker engine is involved: the rootfs becomes a normalized
+layer directly, and the image is pushed to the registry under its key.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import tarfile
+from pathlib import Path
+
+from pipelines.images.oci import (
+    LAYER_TYPE,
+    Blob,
+    Image,
+    assemble,
+    epoch_iso,
+    file_sha256,
+    gzip_file,
+    normal_info,
+)
+from pipelines.images.spec import ImageError, LocalBase
+from pipelines.keys import key_material, step_key
+
+BASE_RECIPE_VERSION = 1
+# Caches, logs and docs: not needed at run time, and they differ from one debootstrap to the next.
+PRUNE = (
+    "var/cache/apt",
+    "var/lib/apt/lists",
+    "var/log",
+    "usr/share/doc",
+    "usr/share/man",
+    "usr/share/info",
+    "var/cache/ldconfig/aux-cache",
+    "etc/machine-id",
+    "etc/hostname",
+    "etc/resolv.conf",
+)
+PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def debian_arch() -> str:
+    """This machine's Debian architecture (amd64, arm64)."""
+    return subprocess.run(
+        ["dpkg", "--print-architecture"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def base_key(spec: LocalBase, arch: str) -> str:
+    """The key of a local base: recipe, suite, variant, packages, mirror and architecture."""
+    params = {**spec.model_dump(), "arch": arch}
+    return step_key(key_material("debootstrap-base", BASE_RECIPE_VERSION, params, {}, {}))
+
+
+def base_repository(spec: LocalBase) -> str:
+    """The registry repository of a local base."""
+    return f"sparkforge/base-{spec.suite}"
+
+
+def debootstrap(spec: LocalBase, rootfs: Path) -> None:
+    """Make the rootfs with debootstrap; a failure shows the tail of its log."""
+    command = ["debootstrap", f"--variant={spec.variant}"]
+    if spec.packages:
+        command.append("--include=" + ",".join(spec.packages))
+    command += [spec.suite, str(rootfs), spec.mirror]
+    if shutil.which("debootstrap") is None:
+        raise ImageError("debootstrap not found: `scripts/install` installs it")
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        tail = " | ".join((result.stdout + result.stderr).strip().splitlines()[-5:])
+        raise ImageError(f"debootstrap {spec.suite} failed (exit {result.returncode}): {tail}")
+    for rel in PRUNE:
+        path = rootfs / rel
+        if path.is_dir() and not path.is_symlink():
+            for child in path.iterdir():
+                shutil.rmtree(
+                    child
+                ) if child.is_dir() and not child.is_symlink() else child.unlink()
+        elif path.exists():
+            path.unlink()
+
+
+def rootfs_members(rootfs: Path, epoch: int):
+    """(header, data) of every path below rootfs in sorted order; repeated inodes as links."""
+    seen: dict[tuple[int, int], str] = {}
+    paths = []
+    for dirpath, dirnames, filenames in os.walk(rootfs):
+        dirnames.sort()
+        for name in dirnames + filenames:
+            paths.append(Path(dirpath, name))
+    for path in sorted(paths, key=lambda p: p.relative_to(rootfs).as_posix()):
+        rel = path.relative_to(rootfs).as_posix()
+        st = os.lstat(path)
+        info = tarfile.TarInfo(rel)
+        info.mode = stat.S_IMODE(st.st_mode)
+        info.mtime = int(st.st_mtime)
+        if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) in seen:
+            info.type, info.linkname = tarfile.LNKTYPE, seen[(st.st_dev, st.st_ino)]
+            yield normal_info(info, epoch), None
+            continue
+        if stat.S_ISREG(st.st_mode):
+            if st.st_nlink > 1:
+                seen[(st.st_dev, st.st_ino)] = rel
+            info.size = st.st_size
+            with open(path, "rb") as data:
+                yield normal_info(info, epoch), data
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            info.type = tarfile.DIRTYPE
+        elif stat.S_ISLNK(st.st_mode):
+            info.type, info.linkname = tarfile.SYMTYPE, os.readlink(path)
+        elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+            info.type = tarfile.CHRTYPE if stat.S_ISCHR(st.st_mode) else tarfile.BLKTYPE
+            info.devmajor, info.devminor = os.major(st.st_rdev), os.minor(st.st_rdev)
+        elif stat.S_ISFIFO(st.st_mode):
+            info.type = tarfile.FIFOTYPE
+        else:
+            continue  # sockets have no place in an image
+        yield normal_info(info, epoch), None
+
+
+def build_base(spec: LocalBase, arch: str, epoch: int, work: Path) -> Image:
+    """The one-layer image of a fresh debootstrap rootfs, normalized, its blobs in work."""
+    rootfs = work / "rootfs"
+    debootstrap(spec, rootfs)
+    plain = work / "layer.tar"
+    with (
+        open(plain, "wb") as dest,
+        tarfile.open(fileobj=dest, mode="w", format=tarfile.GNU_FORMAT) as tar,
+    ):
+        for info, data in rootfs_members(rootfs, epoch):
+            tar.addfile(info, data)
+    shutil.rmtree(rootfs)
+    diff_id = "sha256:" + file_sha256(plain)
+    gz = work / "layer.tar.gz"
+    digest = gzip_file(plain, gz)
+    plain.unlink()
+    layer = Blob("sha256:" + digest, gz.stat().st_size, gz, LAYER_TYPE)
+    config = {
+        "architecture": arch,
+        "os": "linux",
+        "created": epoch_iso(epoch),
+        "config": {"Env": [PATH_ENV], "Cmd": ["/bin/sh"]},
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "history": [
+            {
+                "created": epoch_iso(epoch),
+                "created_by": f"debootstrap --variant={spec.variant} {spec.suite}"
+                + (f" --include={','.join(spec.packages)}" if spec.packages else ""),
+            }
+        ],
+    }
+    return assemble(config, [layer], work)

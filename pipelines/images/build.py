@@ -1,0 +1,177 @@
+"""Image plans (pure: key, args, invocation) and building one through the Docker engine."""
+
+from __future__ import annotations
+
+import platform as host_platform
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from pipelines.images.context import context_digest, context_tar
+from pipelines.images.dockerfile import check_contents, check_froms, upstream_arg
+from pipelines.images.oci import NORMALIZER_VERSION, Image, normalize_saved_image
+from pipelines.images.registry import Registry
+from pipelines.images.spec import IMAGES_DIR, ImageDir, ImageError
+from pipelines.keys import key_material, step_key
+from pipelines.statcache import StatCache
+from pipelines.store import REPO_ROOT
+
+RECEIPT = IMAGES_DIR / "receipt.py"
+EXTRA_CONTEXT = {"sparkforge-receipt.py": RECEIPT}  # every image carries the receipt writer
+LOG_TAIL = 15
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Everything that decides an image, its key, and where it goes."""
+
+    name: str
+    registry: str
+    repository: str
+    platform: str
+    base: str
+    build_args: dict[str, str]
+    epoch: int
+    key: str
+    context: Path
+    material: dict = field(repr=False, default_factory=dict)
+
+    @property
+    def key_tag(self) -> str:
+        """The tag that marks the image of this key in the registry (the image cache)."""
+        return f"key-{self.key[:32]}"
+
+    def args_with_key(self) -> dict[str, str]:
+        """Build args as passed to the builder: the plan's, plus the key for the receipt."""
+        return {**self.build_args, "SPARKFORGE_IMAGE_KEY": self.key}
+
+    def invocation(self) -> list[str]:
+        """The equivalent `docker buildx build` command (what CI runs on arm64 runners)."""
+        command = ["env", f"SOURCE_DATE_EPOCH={self.epoch}", "docker", "buildx", "build"]
+        command += ["--platform", self.platform, "--network=host"]
+        for name, value in sorted(self.args_with_key().items()):
+            command += ["--build-arg", f"{name}={value}"]
+        command += [
+            "--output",
+            "type=oci,rewrite-timestamp=true,dest=image.tar",
+            str(self.context),
+        ]
+        return command
+
+
+def native_platform() -> str:
+    """linux/<arch> of this machine, in OCI's names."""
+    machine = host_platform.machine()
+    return "linux/" + {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+
+
+def digest_of(ref: str) -> str:
+    """The sha256:... part of a pinned reference."""
+    return ref.rsplit("@", 1)[1]
+
+
+def plan_image(image: ImageDir, registry: str, base: str, statcache: StatCache) -> BuildPlan:
+    """Check the image statically and compute its key; no engine, no network."""
+    spec = image.spec
+    build_args = {"BASE": base, **spec.build_args}
+    for name, upstream in spec.upstream.items():
+        build_args[upstream_arg(name)] = upstream.commit
+    text = image.dockerfile.read_text()
+    check_froms(image.dockerfile, text, build_args)
+    check_contents(image.dockerfile, text, spec)
+    platform = native_platform() if spec.platform == "native" else spec.platform
+    # The base enters the key by digest only: the same base from another registry is the same.
+    keyed_args = {k: v for k, v in build_args.items() if k != "BASE"}
+    material = key_material(
+        "image",
+        NORMALIZER_VERSION,
+        {
+            "name": spec.name,
+            "platform": platform,
+            "build_args": keyed_args,
+            "source_date_epoch": spec.source_date_epoch,
+            "upstream": {k: v.model_dump() for k, v in spec.upstream.items()},
+        },
+        {
+            "dockerfile": statcache.digest_file(image.dockerfile),
+            "context": context_digest(image.path, statcache, EXTRA_CONTEXT),
+        },
+        {"base": digest_of(base)},
+    )
+    return BuildPlan(
+        name=spec.name,
+        registry=registry,
+        repository=f"sparkforge/{spec.name}",
+        platform=platform,
+        base=base,
+        build_args=build_args,
+        epoch=spec.source_date_epoch,
+        key=step_key(material),
+        context=image.path,
+        material=material,
+    )
+
+
+def git_revision() -> str:
+    """The checkout's commit (what `candidate-<gitsha>` names), or 'unknown'."""
+    result = subprocess.run(
+        ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    return result.stdout.strip() if result.returncode == 0 else "unknown"
+
+
+def engine_build(client: docker.DockerClient, plan: BuildPlan, saved: Path) -> None:
+    """Build with the engine (context sent with normalized mtimes) and save the image tar."""
+    tag = f"sparkforge-build/{plan.name}:{plan.key[:16]}"
+    log: list[str] = []
+    step = "(before the first step)"
+    kwargs = {} if plan.platform == native_platform() else {"platform": plan.platform}
+    try:
+        stream = client.api.build(
+            fileobj=context_tar(plan.context, plan.epoch, EXTRA_CONTEXT),
+            custom_context=True,
+            tag=tag,
+            buildargs=plan.args_with_key(),
+            rm=True,
+            forcerm=True,
+            network_mode="host",
+            decode=True,
+            **kwargs,
+        )
+        for chunk in stream:
+            for line in chunk.get("stream", "").splitlines():
+                log.append(line)
+                if line.startswith("Step "):
+                    step = line
+            if "error" in chunk:
+                tail = " | ".join(line for line in log[-LOG_TAIL:] if line.strip())
+                error = chunk["error"].strip()
+                raise ImageError(f"{plan.name}: build failed at {step}: {error}; log tail: {tail}")
+        with open(saved, "wb") as out:
+            for part in client.api.get_image(tag):
+                out.write(part)
+        client.api.remove_image(tag, noprune=False)
+    except docker.errors.DockerException as err:
+        raise ImageError(f"{plan.name}: Docker engine: {err}") from None
+
+
+def build_and_push(
+    client: docker.DockerClient, registry: Registry, plan: BuildPlan, work: Path | None = None
+) -> tuple[str, bool]:
+    """The image of the plan in the registry: (digest, built). Built only if its key is absent."""
+    existing = registry.manifest_digest(plan.repository, plan.key_tag)
+    if existing:
+        return existing, False
+    with tempfile.TemporaryDirectory(dir=work, prefix="image-") as tmp:
+        saved = Path(tmp) / "saved.tar"
+        engine_build(client, plan, saved)
+        image: Image = normalize_saved_image(saved, plan.epoch, Path(tmp))
+        saved.unlink()
+        digest = registry.push_image(
+            plan.repository, image, [plan.key_tag, f"candidate-{git_revision()}"]
+        )
+    return digest, True

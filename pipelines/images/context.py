@@ -1,0 +1,65 @@
+"""Build contexts: the files `.dockerignore` lets through, digested and sent as a normal tar."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tarfile
+from pathlib import Path
+
+from docker.utils.build import exclude_paths
+
+from pipelines.keys import canonical_json
+from pipelines.statcache import StatCache
+
+
+def dockerignore_patterns(root: Path) -> list[str]:
+    """The patterns of root/.dockerignore (none when absent)."""
+    path = root / ".dockerignore"
+    if not path.is_file():
+        return []
+    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+
+
+def context_files(root: Path, extra: dict[str, Path]) -> dict[str, Path]:
+    """Context name -> source path, sorted: the folder (.dockerignore applied) plus extra files."""
+    names = exclude_paths(str(root), dockerignore_patterns(root), dockerfile="Dockerfile")
+    files = {name: root / name for name in names}
+    files.update(extra)
+    return dict(sorted(files.items()))
+
+
+def context_digest(root: Path, statcache: StatCache, extra: dict[str, Path]) -> str:
+    """One digest of what the engine would receive: names, modes and file contents."""
+    files = context_files(root, extra)
+    regular = [p for p in files.values() if p.is_file() and not p.is_symlink()]
+    digests = statcache.digest_files(regular)
+    listing = []
+    for name, path in files.items():
+        st = os.lstat(path)
+        if path.is_symlink():
+            listing.append([name, "link", os.readlink(path)])
+        elif path.is_dir():
+            listing.append([name, "dir", st.st_mode & 0o7777])
+        else:
+            listing.append([name, "file", st.st_mode & 0o7777, digests[path.absolute()]])
+    return hashlib.sha256(canonical_json(listing)).hexdigest()
+
+
+def context_tar(root: Path, epoch: int, extra: dict[str, Path]) -> io.BytesIO:
+    """The build context as a tar with sorted entries, owner 0 and mtimes at the epoch."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for name, path in context_files(root, extra).items():
+            info = tar.gettarinfo(str(path), arcname=name)
+            info.mtime = epoch
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            if info.isreg():
+                with open(path, "rb") as f:
+                    tar.addfile(info, f)
+            else:
+                tar.addfile(info)
+    buf.seek(0)
+    return buf

@@ -1,0 +1,245 @@
+"""Deterministic OCI images: normalized layer tars, a gzip we write ourselves, fixed configs.
+
+Every field that could vary between two builds of the same inputs is pinned here, by name:
+entry order (sorted), mtimes (clamped to SOURCE_DATE_EPOCH), owners (0/0, no names), no PAX
+records (no atime/ctime/float times), the gzip header (no name, mtime 0, OS 255) and deflate
+settings, and the config's timestamps and builder-specific fields.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import tarfile
+import tempfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from pipelines.keys import canonical_json
+
+NORMALIZER_VERSION = 1
+MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
+CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
+LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
+GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no name, mtime 0, OS 255
+GZIP_LEVEL = 6
+COPY_CHUNK = 1 << 20
+# Config fields kept from the builder: what the image runs with. Everything else (container
+# ids, hostnames, builder versions, timestamps) differs between two builds of the same inputs.
+RUN_CONFIG_FIELDS = (
+    "Env",
+    "Cmd",
+    "Entrypoint",
+    "WorkingDir",
+    "User",
+    "ExposedPorts",
+    "Volumes",
+    "Labels",
+    "StopSignal",
+)
+
+
+@dataclass(frozen=True)
+class Blob:
+    """A content-addressed file of the image: its digest, size and where its bytes are."""
+
+    digest: str
+    size: int
+    path: Path
+    media_type: str
+
+
+@dataclass(frozen=True)
+class Image:
+    """A normalized image: manifest bytes and digest, config and layer blobs."""
+
+    manifest: bytes
+    config: Blob
+    layers: tuple[Blob, ...]
+
+    @property
+    def digest(self) -> str:
+        """The manifest digest: the image's identity in a registry."""
+        return "sha256:" + hashlib.sha256(self.manifest).hexdigest()
+
+    def blobs(self) -> tuple[Blob, ...]:
+        """Config and layers, the blobs a registry needs before the manifest."""
+        return (self.config, *self.layers)
+
+
+def normal_info(info: tarfile.TarInfo, epoch: int) -> tarfile.TarInfo:
+    """A copy of a tar header with every varying field pinned."""
+    out = tarfile.TarInfo(info.name)
+    out.type = info.type
+    out.mode = info.mode
+    out.size = info.size if info.isreg() else 0
+    out.linkname = info.linkname
+    out.devmajor, out.devminor = info.devmajor, info.devminor
+    out.mtime = min(int(info.mtime), epoch)
+    out.uid = out.gid = 0
+    out.uname = out.gname = ""
+    return out
+
+
+def write_normal_tar(members: Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]], dest: IO[bytes]):
+    """Write (header, data) pairs as a GNU tar with no PAX records (members already sorted)."""
+    with tarfile.open(fileobj=dest, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for info, data in members:
+            tar.addfile(info, data)
+
+
+def sorted_members(tar: tarfile.TarFile, epoch: int):
+    """The members of a layer tar sorted by name, headers normalized.
+
+    A hard link must follow its target; after sorting, the first name of a link group
+    carries the data and the other names link to it.
+    """
+    members = {m.name: m for m in tar.getmembers() if m.name not in (".", "./")}
+    holder_of = {}  # every name of a link group -> the name holding the data in the source
+    for m in members.values():
+        if m.islnk():
+            holder_of[m.name] = holder_of[m.linkname] = m.linkname
+    first_of: dict[str, str] = {}
+    for name, holder in holder_of.items():
+        first_of[holder] = min(first_of.get(holder, name), name)
+    for name in sorted(members):
+        member = members[name]
+        if name in holder_of:
+            source = members[holder_of[name]]
+            first = first_of[source.name]
+            info = normal_info(source, epoch)
+            info.name = name
+            if name == first:
+                yield info, tar.extractfile(source)
+            else:
+                info.type, info.linkname, info.size = tarfile.LNKTYPE, first, 0
+                yield info, None
+        else:
+            yield normal_info(member, epoch), tar.extractfile(member) if member.isreg() else None
+
+
+def gzip_file(src: Path, dest: Path) -> str:
+    """Gzip src into dest with a fixed header and deflate settings; the sha256 of dest."""
+    digest = hashlib.sha256()
+    crc, size = 0, 0
+    deflate = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS, 8)
+    with open(src, "rb") as fin, open(dest, "wb") as fout:
+
+        def emit(data: bytes) -> None:
+            if data:
+                fout.write(data)
+                digest.update(data)
+
+        emit(GZIP_HEADER)
+        while chunk := fin.read(COPY_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+            size += len(chunk)
+            emit(deflate.compress(chunk))
+        emit(deflate.flush())
+        emit(crc.to_bytes(4, "little") + (size & 0xFFFFFFFF).to_bytes(4, "little"))
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(COPY_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def normalize_layer(layer_tar: Path, epoch: int, out_dir: Path) -> tuple[Blob, str]:
+    """A normalized, gzipped layer blob and its diff_id (sha256 of the plain tar)."""
+    plain = out_dir / "layer.tar.tmp"
+    with tarfile.open(layer_tar, "r:*") as tar, open(plain, "wb") as dest:
+        write_normal_tar(sorted_members(tar, epoch), dest)
+    diff_id = "sha256:" + file_sha256(plain)
+    gz = out_dir / "layer.tar.gz.tmp"
+    digest = gzip_file(plain, gz)
+    final = out_dir / digest
+    gz.rename(final)
+    plain.unlink()
+    return Blob("sha256:" + digest, final.stat().st_size, final, LAYER_TYPE), diff_id
+
+
+def normal_config(builder_config: dict[str, Any], diff_ids: list[str], epoch: int) -> dict:
+    """The image config with only what the image runs with, and fixed timestamps."""
+    created = epoch_iso(epoch)
+    run = builder_config.get("config") or {}
+    history = [
+        {"created": created, "created_by": h.get("created_by", ""), **_empty(h)}
+        for h in builder_config.get("history", [])
+    ]
+    return {
+        "architecture": builder_config["architecture"],
+        "os": builder_config.get("os", "linux"),
+        **({"variant": builder_config["variant"]} if builder_config.get("variant") else {}),
+        "created": created,
+        "config": {k: run[k] for k in RUN_CONFIG_FIELDS if run.get(k)},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        "history": history,
+    }
+
+
+def _empty(history_entry: dict) -> dict:
+    return {"empty_layer": True} if history_entry.get("empty_layer") else {}
+
+
+def epoch_iso(epoch: int) -> str:
+    """SOURCE_DATE_EPOCH as the RFC 3339 time OCI configs use."""
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_blob(out_dir: Path, data: bytes, media_type: str) -> Blob:
+    """A small blob (config) written by its digest."""
+    digest = hashlib.sha256(data).hexdigest()
+    path = out_dir / digest
+    path.write_bytes(data)
+    return Blob("sha256:" + digest, len(data), path, media_type)
+
+
+def assemble(config: dict, layers: list[Blob], out_dir: Path) -> Image:
+    """The manifest of config and layers, as canonical JSON."""
+    config_blob = write_blob(out_dir, canonical_json(config), CONFIG_TYPE)
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_TYPE,
+        "config": descriptor(config_blob),
+        "layers": [descriptor(layer) for layer in layers],
+    }
+    return Image(canonical_json(manifest), config_blob, tuple(layers))
+
+
+def descriptor(blob: Blob) -> dict[str, Any]:
+    """The OCI descriptor of a blob."""
+    return {"mediaType": blob.media_type, "digest": blob.digest, "size": blob.size}
+
+
+def normalize_saved_image(saved: Path, epoch: int, out_dir: Path) -> Image:
+    """Normalize a `docker save` tar (legacy or OCI layout) of one image into out_dir."""
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        unpacked = Path(tmp)
+        with tarfile.open(saved) as tar:
+            tar.extractall(unpacked, filter="fully_trusted")
+        config, layer_paths = read_saved_image(unpacked)
+        layers, diff_ids = [], []
+        for path in layer_paths:
+            blob, diff_id = normalize_layer(path, epoch, out_dir)
+            layers.append(blob)
+            diff_ids.append(diff_id)
+        return assemble(normal_config(config, diff_ids, epoch), layers, out_dir)
+
+
+def read_saved_image(unpacked: Path) -> tuple[dict, list[Path]]:
+    """The builder's config and the layer tar paths of an unpacked `docker save`."""
+    manifest = json.loads((unpacked / "manifest.json").read_text())
+    if len(manifest) != 1:
+        raise ValueError(f"expected one image in the saved tar, found {len(manifest)}")
+    entry = manifest[0]
+    config = json.loads((unpacked / entry["Config"]).read_text())
+    return config, [unpacked / layer for layer in entry["Layers"]]

@@ -1,0 +1,105 @@
+"""`images/<name>/image.yaml`: what an image is built from and what it must contain."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from pipelines.errors import PipelineError
+from pipelines.schema import Strict, load_yaml_model
+from pipelines.store import REPO_ROOT
+
+IMAGES_DIR = REPO_ROOT / "images"
+PINNED = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
+Commit = Annotated[str, Field(pattern=r"^[0-9a-f]{7,40}$")]
+
+
+class ImageError(PipelineError):
+    """An image that cannot be planned, built or pushed."""
+
+
+class LocalBase(Strict):
+    """A base made here from a Debian rootfs (debootstrap), itself a keyed step."""
+
+    suite: str
+    variant: Literal["minbase"] = "minbase"
+    packages: list[str] = []
+    mirror: str = "http://deb.debian.org/debian"
+
+
+class Base(Strict):
+    """The FROM of an image: a registry image pinned by digest, or a base made here."""
+
+    image: Annotated[str, Field(pattern=PINNED.pattern)] | None = None
+    local: LocalBase | None = None
+
+    @model_validator(mode="after")
+    def exactly_one(self) -> Base:
+        """A base is either pinned or local, never both or neither."""
+        if (self.image is None) == (self.local is None):
+            raise ValueError("base needs exactly one of 'image' (pinned by digest) or 'local'")
+        return self
+
+
+class Upstream(Strict):
+    """A source built into the image, pinned by commit."""
+
+    repo: str
+    commit: Commit
+
+
+class Checks(Strict):
+    """What the built image (and its Dockerfile) must contain."""
+
+    cuda_arch_list: str | None = None
+    max_jobs: int | None = None
+    receipt: str = "/opt/sparkforge/receipt.json"
+    nccl: Literal["none", "pip", "sparkring-overlay"] = "none"
+
+
+class ImageSpec(Strict):
+    """One image: name, platform, base, build args, pinned upstreams and checks."""
+
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9.-]*$")]
+    description: str
+    platform: Literal["linux/arm64", "linux/amd64", "native"]
+    base: Base
+    build_args: dict[str, str] = {}
+    upstream: dict[str, Upstream] = {}
+    source_date_epoch: Annotated[int, Field(ge=0)]
+    checks: Checks = Checks()
+
+
+@dataclass(frozen=True)
+class ImageDir:
+    """An image folder: its spec, Dockerfile and build context."""
+
+    path: Path
+    spec: ImageSpec
+
+    @property
+    def dockerfile(self) -> Path:
+        """The Dockerfile."""
+        return self.path / "Dockerfile"
+
+
+def load_image(name: str, folder: Path = IMAGES_DIR) -> ImageDir:
+    """The image folder of a name, its image.yaml validated."""
+    path = folder / name
+    if not (path / "Dockerfile").is_file():
+        raise ImageError(f"{path}: no Dockerfile (images: {', '.join(available_images(folder))})")
+    spec = load_yaml_model(path / "image.yaml", ImageSpec, ImageError)
+    if spec.name != name:
+        raise ImageError(
+            f"{path / 'image.yaml'}: field 'name': expected {name!r}, got {spec.name!r}"
+        )
+    return ImageDir(path, spec)
+
+
+def available_images(folder: Path = IMAGES_DIR) -> list[str]:
+    """Names of the image folders."""
+    return sorted(p.name for p in folder.iterdir() if (p / "Dockerfile").is_file())
