@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,3 +144,26 @@ def as_doit_action(work: Callable[[], Any]) -> Callable[[], Any]:
             return TaskFailed(str(err))
 
     return action
+
+
+def side_task(
+    name: str,
+    doc: str,
+    work: Callable[[], Any],
+    uptodate: Callable[[], bool] | None = None,
+    deps: Sequence[str] = (),
+) -> dict[str, Any]:
+    """A doit task whose output lives outside the store (S3, blobs, registry).
+
+    Its uptodate check asks that place directly; without one the task runs when asked.
+    """
+    task = {
+        "basename": name,
+        "doc": doc,
+        "actions": [as_doit_action(work)],
+        "task_dep": list(deps),
+        "verbosity": 2,
+    }
+    if uptodate is not None:
+        task["uptodate"] = [uptodate]
+    return task

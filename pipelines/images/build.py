@@ -13,7 +13,7 @@ import docker.errors
 
 from pipelines.images.context import context_digest, context_tar
 from pipelines.images.dockerfile import check_contents, check_froms, upstream_arg
-from pipelines.images.oci import NORMALIZER_VERSION, Image, normalize_saved_image
+from pipelines.images.oci import NORMALIZER_VERSION, Image, LayerCache, normalize_saved_image
 from pipelines.images.registry import Registry
 from pipelines.images.spec import IMAGES_DIR, ImageDir, ImageError
 from pipelines.keys import key_material, step_key
@@ -160,7 +160,11 @@ def engine_build(client: docker.DockerClient, plan: BuildPlan, saved: Path) -> N
 
 
 def build_and_push(
-    client: docker.DockerClient, registry: Registry, plan: BuildPlan, work: Path | None = None
+    client: docker.DockerClient,
+    registry: Registry,
+    plan: BuildPlan,
+    work: Path | None = None,
+    layers_cache: LayerCache | None = None,
 ) -> tuple[str, bool]:
     """The image of the plan in the registry: (digest, built). Built only if its key is absent."""
     existing = registry.manifest_digest(plan.repository, plan.key_tag)
@@ -169,7 +173,7 @@ def build_and_push(
     with tempfile.TemporaryDirectory(dir=work, prefix="image-") as tmp:
         saved = Path(tmp) / "saved.tar"
         engine_build(client, plan, saved)
-        image: Image = normalize_saved_image(saved, plan.epoch, Path(tmp))
+        image: Image = normalize_saved_image(saved, plan.epoch, Path(tmp), layers_cache)
         saved.unlink()
         digest = registry.push_image(
             plan.repository, image, [plan.key_tag, f"candidate-{git_revision()}"]

@@ -11,8 +11,10 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import os
 import tarfile
 import tempfile
+import threading
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pipelines.keys import canonical_json
+from pipelines.store import write_atomic
 
 NORMALIZER_VERSION = 1
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
@@ -155,16 +158,38 @@ def file_sha256(path: Path) -> str:
 
 def normalize_layer(layer_tar: Path, epoch: int, out_dir: Path) -> tuple[Blob, str]:
     """A normalized, gzipped layer blob and its diff_id (sha256 of the plain tar)."""
-    plain = out_dir / "layer.tar.tmp"
+    plain = out_dir / f"layer.{os.getpid()}.{threading.get_ident()}.tar.tmp"
     with tarfile.open(layer_tar, "r:*") as tar, open(plain, "wb") as dest:
         write_normal_tar(sorted_members(tar, epoch), dest)
     diff_id = "sha256:" + file_sha256(plain)
-    gz = out_dir / "layer.tar.gz.tmp"
+    gz = plain.with_suffix(".gz.tmp")
     digest = gzip_file(plain, gz)
     final = out_dir / digest
     gz.rename(final)
     plain.unlink()
     return Blob("sha256:" + digest, final.stat().st_size, final, LAYER_TYPE), diff_id
+
+
+class LayerCache:
+    """Normalized layers by the sha256 of the builder's layer tar: a base layer is done once."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.blobs = self.root / "blobs"
+        self.blobs.mkdir(parents=True, exist_ok=True)
+
+    def normalize(self, layer_tar: Path, epoch: int) -> tuple[Blob, str]:
+        """The normalized blob and diff_id of a builder layer, from the cache when known."""
+        entry = self.root / f"{file_sha256(layer_tar)}-{epoch}-v{NORMALIZER_VERSION}.json"
+        if entry.exists():
+            known = json.loads(entry.read_text())
+            path = self.blobs / known["digest"].split(":")[1]
+            if path.exists():
+                blob = Blob(known["digest"], path.stat().st_size, path, LAYER_TYPE)
+                return blob, known["diff_id"]
+        blob, diff_id = normalize_layer(layer_tar, epoch, self.blobs)
+        write_atomic(entry, json.dumps({"digest": blob.digest, "diff_id": diff_id}).encode())
+        return blob, diff_id
 
 
 def normal_config(builder_config: dict[str, Any], diff_ids: list[str], epoch: int) -> dict:
@@ -220,8 +245,10 @@ def descriptor(blob: Blob) -> dict[str, Any]:
     return {"mediaType": blob.media_type, "digest": blob.digest, "size": blob.size}
 
 
-def normalize_saved_image(saved: Path, epoch: int, out_dir: Path) -> Image:
-    """Normalize a `docker save` tar (legacy or OCI layout) of one image into out_dir."""
+def normalize_saved_image(
+    saved: Path, epoch: int, out_dir: Path, layers_cache: LayerCache | None = None
+) -> Image:
+    """Normalize a `docker save` tar of one image (its manifest.json) into out_dir."""
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         unpacked = Path(tmp)
         with tarfile.open(saved) as tar:
@@ -229,7 +256,10 @@ def normalize_saved_image(saved: Path, epoch: int, out_dir: Path) -> Image:
         config, layer_paths = read_saved_image(unpacked)
         layers, diff_ids = [], []
         for path in layer_paths:
-            blob, diff_id = normalize_layer(path, epoch, out_dir)
+            if layers_cache:
+                blob, diff_id = layers_cache.normalize(path, epoch)
+            else:
+                blob, diff_id = normalize_layer(path, epoch, out_dir)
             layers.append(blob)
             diff_ids.append(diff_id)
         return assemble(normal_config(config, diff_ids, epoch), layers, out_dir)

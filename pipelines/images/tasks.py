@@ -12,10 +12,11 @@ from pipelines import stack
 from pipelines.errors import PipelineError
 from pipelines.images.base import base_key, base_repository, build_base, debian_arch
 from pipelines.images.build import BuildPlan, build_and_push, plan_image
+from pipelines.images.oci import LayerCache
 from pipelines.images.registry import Registry
 from pipelines.images.spec import ImageDir, load_image
 from pipelines.profiles import Profile
-from pipelines.steps import Engine, as_doit_action
+from pipelines.steps import Engine, side_task
 
 
 class Images:
@@ -101,7 +102,10 @@ class Images:
                 f"profile {self.profile.name}: images for {plan.platform} are built by CI"
                 " (`doit plan` prints the invocation)"
             )
-        digest, built = build_and_push(client, self.registry, plan, self.engine.store.root / "tmp")
+        store = self.engine.store.root
+        digest, built = build_and_push(
+            client, self.registry, plan, store / "tmp", LayerCache(store / "layers")
+        )
         state = "built and pushed" if built else "already in the registry"
         print(
             f"image: {self.registry.host}/{plan.repository}@{digest} ({state}, key {plan.key[:16]})"
@@ -135,32 +139,29 @@ class Images:
         deps = []
         if self.image.spec.base.local:
             tasks.append(
-                {
-                    "basename": "image_base",
-                    "doc": "debootstrap the local Debian base and push it under its key",
-                    "actions": [as_doit_action(self.build_base)],
-                    "uptodate": [self.base_built],
-                    "verbosity": 2,
-                }
+                side_task(
+                    "image_base",
+                    "debootstrap the local Debian base and push it under its key",
+                    self.build_base,
+                    uptodate=self.base_built,
+                )
             )
             deps.append("image_base")
         tasks.append(
-            {
-                "basename": "image",
-                "doc": "build the profile's runtime image once per input key, push it by digest",
-                "actions": [as_doit_action(self.build)],
-                "uptodate": [self.built],
-                "task_dep": deps,
-                "verbosity": 2,
-            }
+            side_task(
+                "image",
+                "build the profile's runtime image once per input key, push it by digest",
+                self.build,
+                uptodate=self.built,
+                deps=deps,
+            )
         )
         tasks.append(
-            {
-                "basename": "plan",
-                "doc": "print the image's key, base, build args and exact build invocation",
-                "actions": [as_doit_action(self.print_plan)],
-                "task_dep": list(deps),
-                "verbosity": 2,
-            }
+            side_task(
+                "plan",
+                "print the image's key, base, build args and exact build invocation",
+                self.print_plan,
+                deps=list(deps),
+            )
         )
         return tasks

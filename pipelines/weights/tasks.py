@@ -11,7 +11,7 @@ from typing import Any
 from pipelines.errors import PipelineError
 from pipelines.profiles import Profile
 from pipelines.s3 import S3Url, describe_s3_error, s3_client
-from pipelines.steps import Engine, Step, StepRun, as_doit_action
+from pipelines.steps import Engine, Step, StepRun, side_task
 from pipelines.weights.fetch import BlobStore, FetchOptions, fetch_lock
 from pipelines.weights.lock import (
     Lock,
@@ -236,33 +236,30 @@ class Weights:
         fetch_deps = []
         if self.profile.model.lock == SYNTHETIC_LOCK:
             tasks.append(
-                {
-                    "basename": "synthetic_model",
-                    "doc": "generate the small synthetic model and upload it to the local S3",
-                    "actions": [as_doit_action(self.upload_synthetic)],
-                    "uptodate": [self.synthetic_uploaded],
-                    "verbosity": 2,
-                }
+                side_task(
+                    "synthetic_model",
+                    "generate the small synthetic model and upload it to the local S3",
+                    self.upload_synthetic,
+                    uptodate=self.synthetic_uploaded,
+                )
             )
             fetch_deps.append("synthetic_model")
         tasks.append(
-            {
-                "basename": "lock_weights",
-                "doc": "hash every object of the model's source once and write its lock file",
-                "actions": [as_doit_action(self.write_lock_from_bucket)],
-                "task_dep": list(fetch_deps),
-                "verbosity": 2,
-            }
+            side_task(
+                "lock_weights",
+                "hash every object of the model's source once and write its lock file",
+                self.write_lock_from_bucket,
+                deps=list(fetch_deps),
+            )
         )
         tasks.append(
-            {
-                "basename": "fetch_weights",
-                "doc": "fetch the locked files from S3 into the blob store, sha256-checked",
-                "actions": [as_doit_action(self.fetch)],
-                "uptodate": [self.fetched],
-                "task_dep": fetch_deps,
-                "verbosity": 2,
-            }
+            side_task(
+                "fetch_weights",
+                "fetch the locked files from S3 into the blob store, sha256-checked",
+                self.fetch,
+                uptodate=self.fetched,
+                deps=fetch_deps,
+            )
         )
         patch = self._patch
         stage_deps = ["fetch_weights"]
@@ -272,21 +269,19 @@ class Weights:
             tasks.append(task)
             stage_deps.append(patch.name)
         tasks.append(
-            {
-                "basename": "stage_weights",
-                "doc": "link the model folder <weights>/models/<cacheKey> to the verified blobs",
-                "actions": [as_doit_action(lambda: self.stage(patch))],
-                "uptodate": [lambda: self.staged(patch)],
-                "task_dep": stage_deps,
-                "verbosity": 2,
-            }
+            side_task(
+                "stage_weights",
+                "link the model folder <weights>/models/<cacheKey> to the verified blobs",
+                lambda: self.stage(patch),
+                uptodate=lambda: self.staged(patch),
+                deps=stage_deps,
+            )
         )
         tasks.append(
-            {
-                "basename": "verify_weights",
-                "doc": "re-hash every blob and staged file of the model now, in parallel",
-                "actions": [as_doit_action(self.verify)],
-                "verbosity": 2,
-            }
+            side_task(
+                "verify_weights",
+                "re-hash every blob and staged file of the model now, in parallel",
+                self.verify,
+            )
         )
         return tasks

@@ -1,0 +1,111 @@
+"""Benchmark: the images step, cache hit and rebuild, against a plain `docker build`.
+
+Run: .venv/bin/python tests/perf/images.py [--runs 3]
+
+Cache hit: wall time of `doit image` when the registry holds the key (target under 1 s;
+includes Python start-up and loading the task graph). Rebuild: a copy of images/local-sim
+with one changed byte in a COPY'd file (a new key each time, the steps from that COPY on
+rerun), built, normalized and pushed by this project, vs a plain `docker build` of the same
+folder on the same engine (both may use the engine's cache for the unchanged steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from pipelines import stack  # noqa: E402
+from pipelines.images.build import RECEIPT, build_and_push, plan_image  # noqa: E402
+from pipelines.images.oci import LayerCache  # noqa: E402
+from pipelines.images.registry import Registry  # noqa: E402
+from pipelines.images.spec import load_image  # noqa: E402
+from pipelines.statcache import StatCache  # noqa: E402
+
+
+def time_cache_hit(runs: int) -> list[float]:
+    """Wall times of `doit image` with its key already in the registry."""
+    doit = [sys.executable, "-m", "doit"]
+    subprocess.run([*doit, "image"], cwd=REPO, check=True, capture_output=True)  # make sure
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        out = subprocess.run([*doit, "image"], cwd=REPO, check=True, capture_output=True, text=True)
+        times.append(time.perf_counter() - start)
+        assert "-- image" in out.stdout, out.stdout
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    endpoints = stack.up()
+    client = stack.docker_client(endpoints)
+    registry = Registry(endpoints.registry)
+
+    hits = time_cache_hit(5)
+    print(f"cache hit `doit image`: median {statistics.median(hits):.2f} s (target < 1 s)")
+
+    from pipelines.images.tasks import Images  # the base ref, as the pipeline resolves it
+    from pipelines.profiles import load_profile
+    from pipelines.steps import Engine
+
+    base = Images(load_profile("local"), Engine()).base_ref()
+    ours, plain = [], []
+    layers = LayerCache(Engine().store.root / "layers")  # as `doit image` uses it
+    with tempfile.TemporaryDirectory(prefix="images-bench-") as tmp:
+        for _ in range(args.runs):
+            folder = Path(tmp) / uuid.uuid4().hex / "local-sim"
+            shutil.copytree(REPO / "images" / "local-sim", folder)
+            server = folder / "server.py"  # a changed byte in a COPY: that step and after rerun
+            server.write_text(server.read_text() + f"# {folder.parent.name}\n")
+            plan = plan_image(
+                load_image("local-sim", folder.parent),
+                registry.host,
+                base,
+                StatCache(Path(tmp) / "c.db"),
+            )
+            start = time.perf_counter()
+            digest, built = build_and_push(client, registry, plan, Path(tmp), layers)
+            ours.append(time.perf_counter() - start)
+            assert built
+
+            shutil.copyfile(RECEIPT, folder / "sparkforge-receipt.py")
+            start = time.perf_counter()
+            subprocess.run(
+                [
+                    "docker",
+                    "build",
+                    "--no-cache",
+                    "--network=host",
+                    "--build-arg",
+                    f"BASE={base}",
+                    "-q",
+                    "-t",
+                    "sparkforge-bench/plain",
+                    str(folder),
+                ],
+                check=True,
+                capture_output=True,
+                env={**os.environ, "DOCKER_HOST": endpoints.docker_host},
+            )
+            plain.append(time.perf_counter() - start)
+    o, p = statistics.median(ours), statistics.median(plain)
+    print(f"rebuild + normalize + push (ours): median {o:.2f} s over {args.runs}")
+    print(f"plain docker build (same engine):   median {p:.2f} s over {args.runs}")
+    print(f"ours / plain docker build = {o / p:.2f}")
+
+
+if __name__ == "__main__":
+    main()
