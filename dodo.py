@@ -8,6 +8,7 @@ from doit import get_var
 from pipelines import stack
 from pipelines.errors import PipelineError
 from pipelines.images.tasks import Images
+from pipelines.manifests import render_step
 from pipelines.profiles import load_profile, profile_step
 from pipelines.steps import Engine
 from pipelines.store import STORE_ENV, Store
@@ -30,6 +31,7 @@ if os.environ.get(STORE_ENV):
 PROFILE_STEP = profile_step(PROFILE_NAME)
 WEIGHTS = Weights(PROFILE, ENGINE)
 IMAGES = Images(PROFILE, ENGINE)
+IMAGE_DIGEST = get_var("image_digest", "")
 
 
 def task_profile():
@@ -42,6 +44,15 @@ def task_weights():
 
 def task_images():
     yield from IMAGES.tasks()
+
+
+def task_render():
+    if PROFILE.deploy == "kubernetes" or PROFILE.runtime == "sglang":
+        step = render_step(PROFILE, lambda: IMAGES.image_ref(IMAGE_DIGEST))
+        task = ENGINE.task(step)
+        task["task_dep"] = [] if IMAGE_DIGEST else ["image"]
+        return task
+    return None
 
 
 def task_build():

@@ -74,7 +74,18 @@ class NcclOverlay(Strict):
     """The sparkring NCCL library mounted over the image's pip NCCL on every node."""
 
     host_path: str
+    container_path: str
     sha256: Sha256 | None = None
+
+
+class Kubernetes(Strict):
+    """Where a Kubernetes deployment lives: namespace and each member's local model cache."""
+
+    namespace: Name
+    node_cache_path: str
+    cache_size: Annotated[str, Field(pattern=r"^[0-9]+(Gi|Ti)$")]
+    storage_class: Name
+    service_name: Name
 
 
 class Speculative(Strict):
@@ -134,6 +145,8 @@ class Profile(Strict):
     runtime: Literal["simulated", "vllm", "sglang"]
     deploy: Literal["docker", "kubernetes"]
     local_stack: bool = False
+    # Where ring nodes keep blobs and staged models (SPARKFORGE_WEIGHTS when they run the fetch).
+    node_weights_root: str = "/var/lib/sparkforge/weights"
     registry: Annotated[str, Field(pattern=r"^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*$")] | None = (
         None
     )
@@ -143,6 +156,7 @@ class Profile(Strict):
     resources: Resources
     members: Annotated[list[Member], Field(min_length=1, max_length=64)]
     fabric: Fabric | None = None
+    kubernetes: Kubernetes | None = None
     hygiene: Hygiene | None = None
     env: dict[str, str] = {}
     vllm: Vllm | None = None
@@ -155,17 +169,17 @@ class Profile(Strict):
         engines = {"vllm": self.vllm, "sglang": self.sglang, "simulated": self.simulator}
         section = "simulator" if self.runtime == "simulated" else self.runtime
         if engines[self.runtime] is None:
-            raise ValueError(f"runtime {self.runtime!r} needs a {section!r} section")
+            raise ValueError(f"field {section!r}: required by runtime {self.runtime!r}")
         extra = [k for k, v in engines.items() if v is not None and k != self.runtime]
         if extra:
-            raise ValueError(f"section {extra[0]!r} does not apply to runtime {self.runtime!r}")
+            raise ValueError(f"field {extra[0]!r}: does not apply to runtime {self.runtime!r}")
         return self
 
     @model_validator(mode="after")
     def images_have_a_registry(self) -> Profile:
         """Images go to the local stack's registry or to the one the profile names."""
         if not self.local_stack and not self.registry:
-            raise ValueError("field 'registry' is required unless local_stack is true")
+            raise ValueError("field 'registry': required unless local_stack is true")
         return self
 
     @model_validator(mode="after")
@@ -174,18 +188,18 @@ class Profile(Strict):
         gpus = len(self.members) * self.resources.gpu
         if self.parallel.tensor * self.parallel.pipeline != gpus:
             raise ValueError(
-                f"parallel.tensor x parallel.pipeline = "
+                f"field 'parallel': tensor x pipeline = "
                 f"{self.parallel.tensor * self.parallel.pipeline}, expected members x "
                 f"resources.gpu = {gpus}"
             )
         if len(self.members) > 1 and self.fabric is None:
-            raise ValueError("a ring of more than one member needs a 'fabric' section")
+            raise ValueError("field 'fabric': required for a ring of more than one member")
+        if self.deploy == "kubernetes" and self.kubernetes is None:
+            raise ValueError("field 'kubernetes': required by deploy 'kubernetes'")
         if self.deploy == "kubernetes":
-            unclaimed = [m.node for m in self.members if not m.claim]
-            if unclaimed:
-                raise ValueError(
-                    f"deploy 'kubernetes' needs members[].claim (missing on {unclaimed[0]})"
-                )
+            for i, member in enumerate(self.members):
+                if not member.claim:
+                    raise ValueError(f"field 'members.{i}.claim': required by deploy 'kubernetes'")
         return self
 
 

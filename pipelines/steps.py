@@ -24,7 +24,8 @@ class Step:
     version: int
     doc: str
     action: Callable[[StepRun], None]
-    params: Mapping[str, Any] = field(default_factory=dict)
+    # A callable is called when the key is first needed: for values another task produces.
+    params: Mapping[str, Any] | Callable[[], Mapping[str, Any]] = field(default_factory=dict)
     inputs: Mapping[str, Path] = field(default_factory=dict)
     deps: tuple[Step, ...] = ()
 
@@ -70,10 +71,11 @@ class Engine:
     def material(self, step: Step) -> dict[str, Any]:
         """The key material of a step (memoized: inputs are digested once per process)."""
         if step.name not in self._materials:
+            params = step.params() if callable(step.params) else step.params
             self._materials[step.name] = key_material(
                 step.recipe,
                 step.version,
-                step.params,
+                params,
                 self.input_digests(step),
                 {dep.name: self.key(dep) for dep in step.deps},
             )

@@ -63,7 +63,9 @@ def test_out_of_range_value_names_the_field(tmp_path):
 
 def test_parallelism_that_does_not_cover_the_ring_is_refused(tmp_path):
     folder = copy_profile(tmp_path, "tp3-ring", "parallel: {tensor: 3", "parallel: {tensor: 4")
-    with pytest.raises(ProfileError, match=r"tensor x parallel.pipeline = 4, expected .* = 3"):
+    with pytest.raises(
+        ProfileError, match=r"field 'parallel': tensor x pipeline = 4, expected .* = 3"
+    ):
         load_profile("tp3-ring", folder)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from functools import cached_property
 from pathlib import Path
@@ -59,6 +60,22 @@ class Images:
         return plan_image(
             self.image, self.registry.host, self.base_ref(), self.engine.store.statcache
         )
+
+    def image_ref(self, digest: str = "") -> str:
+        """The image pinned by digest: the one given, or the registry's for the current key."""
+        plan = self.plan()
+        repo = f"{self.registry.host}/{plan.repository}"
+        if digest:
+            if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+                raise PipelineError(f"image_digest={digest!r}: expected sha256:<64 hex>")
+            return f"{repo}@{digest}"
+        found = self.registry.manifest_digest(plan.repository, plan.key_tag)
+        if found is None:
+            raise PipelineError(
+                f"no image in {repo} for key {plan.key[:16]}: build it (`doit image`) or pass"
+                " image_digest=sha256:... (the digest CI pushed)"
+            )
+        return f"{repo}@{found}"
 
     # --- base ------------------------------------------------------------------------------
 

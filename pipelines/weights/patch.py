@@ -1,4 +1,8 @@
-"""The TP3 config patch: pad 64 heads / 8 o_groups to 72 / 9 so tensor parallel 3 divides them."""
+"""The TP3 config patch: pad 64 heads / 8 o_groups to 72 / 9 so tensor parallel 3 divides them.
+
+This file also runs alone, mounted from a ConfigMap into the Kubernetes Job that patches a
+member's copy (`python3 patch.py /models/<cacheKey>`): it needs nothing but the standard library.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipelines.errors import PipelineError
-from pipelines.store import write_atomic
+try:
+    from pipelines.errors import PipelineError
+except ImportError:  # running alone inside a Job
+    PipelineError = Exception
 
 ORIGINAL = {"num_attention_heads": 64, "o_groups": 8}
 PADDED = {"num_attention_heads": 72, "o_groups": 9}
@@ -75,6 +81,19 @@ def read_config(path: Path) -> dict[str, Any]:
     return config
 
 
+def replace_file(path: Path, data: bytes) -> None:
+    """Replace path by a new file (temp, fsync, rename): never writes through a hard link.
+
+    The store's write_atomic does the same; this file must run without the package.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def patch_tp3_folder(folder: Path) -> bool:
     """Patch folder/config.json in place, keeping config.json.orig-hf; True when it changed.
 
@@ -88,8 +107,8 @@ def patch_tp3_folder(folder: Path) -> bool:
         return False
     original = path.with_name(path.name + ORIG_SUFFIX)
     if not original.exists():
-        write_atomic(original, path.read_bytes())
-    write_atomic(path, config_bytes(patched))
+        replace_file(original, path.read_bytes())
+    replace_file(path, config_bytes(patched))
     os.chmod(path, 0o644)
     return True
 

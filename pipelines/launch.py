@@ -1,0 +1,113 @@
+"""Launch plans for Docker-host rings (tp4-ring): one per node, what the deploy step runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipelines.profiles import Profile
+from pipelines.render import Document
+
+
+def sglang_env(profile: Profile) -> dict[str, str]:
+    """The per-rank NCCL environment of a SGLang ring member, from the topology.
+
+    A two-node pair needs none of the ring-only settings; rings of three or more route by
+    subnet, and the patched (sparkring) NCCL runs ring-only, skipping Tree/PAT setup.
+    """
+    fabric = profile.fabric
+    env = {
+        "NCCL_NET": "IB",
+        "NCCL_IB_DISABLE": "0",
+        "NCCL_IB_GID_INDEX": str(fabric.ib_gid_index),
+        "NCCL_CUMEM_ENABLE": "0",
+        "NCCL_IB_HCA": ",".join(fabric.ib_hca),
+        "NCCL_SOCKET_IFNAME": profile.members[0].socket_interface,
+        "NCCL_P2P_LEVEL": "SYS",
+    }
+    if len(profile.members) >= 3:
+        env |= {
+            "NCCL_IB_MERGE_NICS": "0",
+            "NCCL_IB_SUBNET_AWARE_ROUTING": "1",
+            "NCCL_IB_SUBNET_PREFIX_LEN": "24",
+            "NCCL_CROSS_NIC": "1",
+            "NCCL_ALGO": "Ring",
+            "NCCL_MIN_NCHANNELS": "4",
+        }
+    if fabric.patched_nccl:
+        env["NCCL_SWITCHLESS_RING_ONLY"] = "1"
+    return {**env, **profile.env}
+
+
+def sglang_command(profile: Profile, rank: int) -> list[str]:
+    """The SGLang server command of one rank."""
+    s = profile.sglang
+    command = [
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/models",
+        "--served-model-name",
+        profile.model.served_name,
+        "--tp",
+        str(profile.parallel.tensor),
+        "--nnodes",
+        str(len(profile.members)),
+        "--node-rank",
+        str(rank),
+        "--dist-init-addr",
+        f"{profile.members[0].address}:{profile.fabric.rendezvous_port}",
+        "--context-length",
+        str(s.context_length),
+        "--max-running-requests",
+        str(s.max_running_requests),
+        "--max-total-tokens",
+        str(s.max_total_tokens),
+        "--mem-fraction-static",
+        f"{s.mem_fraction_static:.2f}",
+        "--chunked-prefill-size",
+        str(s.chunked_prefill_size),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8080",
+    ]
+    if s.speculative:
+        command += [
+            "--speculative-algorithm",
+            s.speculative.method.upper(),
+            "--speculative-num-steps",
+            str(s.speculative.num_speculative_tokens),
+        ]
+    return command
+
+
+def launch_plans(profile: Profile, image: str, weights_path: str) -> list[Document]:
+    """One launch plan per node: image by digest, env, mounts (NCCL overlay, weights), command."""
+    env = sglang_env(profile)
+    overlay = profile.sglang.nccl_overlay
+    plans = []
+    for rank, member in enumerate(profile.members):
+        mounts: list[dict[str, Any]] = [
+            {"source": weights_path, "target": "/models", "read_only": True},
+        ]
+        if overlay:
+            # Bind-mounted over the image's own pip NCCL: one NCCL runtime, never two on a path.
+            mounts.append(
+                {"source": overlay.host_path, "target": overlay.container_path, "read_only": True}
+            )
+        plan = {
+            "node": member.node,
+            "rank": rank,
+            "address": str(member.address),
+            "image": image,
+            "network_mode": "host",
+            "ipc_mode": "host",
+            "devices": ["/dev/infiniband"],
+            "gpus": "all",
+            "env": dict(sorted(env.items())),
+            "mounts": mounts,
+            "command": sglang_command(profile, rank),
+        }
+        plans.append(Document(f"launch-{rank}-{member.node}.yaml", plan))
+    return plans

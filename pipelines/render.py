@@ -1,0 +1,215 @@
+"""Render a profile into llmkube manifests (tp3-ring) or Docker-host launch plans (tp4-ring).
+
+Rendering is pure: profile, lock and image digest in, documents out. Every document is then
+validated offline (schemas, the operator's cross-field rules, the ring's own rules, core
+Kubernetes kinds) and nothing is accepted while any rule is broken.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from pipelines.errors import PipelineError
+from pipelines.profiles import Profile
+from pipelines.store import REPO_ROOT
+from pipelines.weights.lock import Lock, cache_key
+
+TEMPLATES = REPO_ROOT / "manifests"
+PATCH_SOURCE = REPO_ROOT / "pipelines" / "weights" / "patch.py"
+CACHE_ROOT = "/cache"  # one hostPath volume for every JIT/compile cache (survives reboots)
+LLMKUBE = "inference.llmkube.dev/v1alpha1"
+
+
+class RenderError(PipelineError):
+    """A profile that renders into something that must not reach a cluster."""
+
+
+@dataclass(frozen=True)
+class Document:
+    """One rendered object and the file it is written to."""
+
+    file: str
+    body: dict[str, Any]
+
+    def text(self) -> str:
+        """The document as YAML with a stable key order."""
+        return yaml.safe_dump(self.body, sort_keys=True, default_flow_style=False, width=1000)
+
+
+def fabric_env(profile: Profile) -> dict[str, str]:
+    """The NCCL environment of a vLLM ring member, computed from the topology.
+
+    Switchless rings cannot close a cycle with NCCL's default NIC pairing: an odd ring dies in
+    channel setup without subnet-aware routing, so every ring of three or more gets it.
+    """
+    env = {
+        "NCCL_NET": "IB",
+        "NCCL_IB_DISABLE": "0",
+        "NCCL_IB_ROCE_VERSION_NUM": "2",
+        "NCCL_IB_ADDR_FAMILY": "AF_INET",
+        "NCCL_IB_TC": "106",
+        "NCCL_IB_TIMEOUT": "22",
+        "NCCL_NET_PLUGIN": "none",
+        "NCCL_NVLS_ENABLE": "0",
+        "NCCL_CUMEM_ENABLE": "0",
+        "NCCL_IGNORE_CPU_AFFINITY": "1",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "INIT,NET",
+    }
+    if len(profile.members) >= 3:
+        env["NCCL_IB_SUBNET_AWARE_ROUTING"] = "1"
+        env["NCCL_IB_MERGE_NICS"] = "0"
+    return env
+
+
+def cache_env() -> dict[str, str]:
+    """Every JIT/compile cache under one folder, so a reboot does not recompile."""
+    return {
+        "HF_HOME": f"{CACHE_ROOT}/huggingface",
+        "VLLM_CACHE_ROOT": f"{CACHE_ROOT}/vllm",
+        "TRITON_CACHE_DIR": f"{CACHE_ROOT}/triton",
+        "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_ROOT}/inductor",
+        "CUDA_CACHE_PATH": f"{CACHE_ROOT}/cuda",
+    }
+
+
+def vllm_args(profile: Profile) -> list[str]:
+    """The vLLM arguments of the service: served name, batch shape, speculation, extras."""
+    v = profile.vllm
+    args = [
+        f"--served-model-name={profile.model.served_name}",
+        f"--block-size={v.block_size}",
+        f"--max-num-seqs={v.max_num_seqs}",
+        f"--max-num-batched-tokens={v.max_num_batched_tokens}",
+    ]
+    if v.speculative:
+        spec = {
+            "method": v.speculative.method,
+            "num_speculative_tokens": v.speculative.num_speculative_tokens,
+        }
+        args.append("--speculative-config=" + json.dumps(spec, sort_keys=True))
+    return args + list(v.extra_args)
+
+
+def render_context(profile: Profile, lock: Lock, image: str) -> dict[str, Any]:
+    """Everything the templates read, computed from profile, lock and image (pure)."""
+    key = cache_key(lock.source)
+    k8s = profile.kubernetes
+    env = {
+        **fabric_env(profile),
+        **profile.env,
+        **cache_env(),
+        "CUDA_EXL3_MODEL_PATH": f"/models/{key}",
+    }
+    return {
+        "namespace": k8s.namespace,
+        "labels": {"app.kubernetes.io/part-of": "sparkforge", "sparkforge/profile": profile.name},
+        "model": {
+            "name": profile.model.lock,
+            "source": lock.source,
+            "files": [e.name for e in lock.files],
+            "secret": profile.model.source_secret,
+            "format": profile.model.format,
+            "quantization": profile.model.quantization,
+            "path": f"/models/{key}",
+        },
+        "service": {
+            "name": k8s.service_name,
+            "runtime": profile.runtime,
+            "image": image,
+            "resources": profile.resources.model_dump(),
+            "env": dict(sorted(env.items())),
+            "extra_args": vllm_args(profile),
+            "tensor_parallel": profile.parallel.tensor,
+            "pipeline_parallel": profile.parallel.pipeline,
+            "gpu_memory_utilization": profile.vllm.gpu_memory_utilization,
+            "max_model_len": profile.vllm.max_model_len,
+        },
+        "fabric": profile.fabric.model_dump(),
+        "members": [
+            {
+                "rank": rank,
+                "node": m.node,
+                "address": str(m.address),
+                "socket_interface": m.socket_interface,
+                "ib_hca": ",".join(profile.fabric.ib_hca),
+                "claim": m.claim,
+            }
+            for rank, m in enumerate(profile.members)
+        ],
+        "cache": {
+            "size": k8s.cache_size,
+            "storage_class": k8s.storage_class,
+            "node_path": k8s.node_cache_path,
+        },
+        "hygiene": profile.hygiene.model_dump() if profile.hygiene else {"min_free_kbytes": 0},
+        "patch_source": PATCH_SOURCE.read_text(),
+    }
+
+
+def template_env(folder: Path = TEMPLATES) -> jinja2.Environment:
+    """jinja2 with StrictUndefined: a missing value is an error, never an empty string."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(folder),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def render_template(env: jinja2.Environment, name: str, context: dict) -> list[dict]:
+    """The objects of one template (one or more YAML documents)."""
+    try:
+        text = env.get_template(name).render(**context)
+    except jinja2.UndefinedError as err:
+        raise RenderError(f"{TEMPLATES / name}: {err.message}") from None
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def render_kubernetes(profile: Profile, lock: Lock, image: str) -> list[Document]:
+    """The llmkube documents of a profile, in the order they must be applied."""
+    env = template_env()
+    context = render_context(profile, lock, image)
+    docs: list[Document] = []
+
+    def add(prefix: str, template: str, extra: dict | None = None) -> None:
+        for body in render_template(env, template, {**context, **(extra or {})}):
+            name = f"{prefix}-{body['kind'].lower()}-{body['metadata']['name']}.yaml"
+            docs.append(Document(name, body))
+
+    if profile.model.config_patch == "tp3-heads":
+        add("10", "configmap-tp3-patch.yaml.j2")
+    for member in context["members"]:
+        add("20", "member-cache.yaml.j2", {"member": member})
+    for member in context["members"]:
+        add("30", "job-node-prep.yaml.j2", {"member": member})
+    if profile.model.config_patch == "tp3-heads":
+        for member in context["members"]:
+            add("40", "job-tp3-patch.yaml.j2", {"member": member})
+    add("50", "model.yaml.j2")
+    add("60", "inferenceservice.yaml.j2")
+    return docs
+
+
+def kustomization(docs: list[Document]) -> Document:
+    """The kustomization listing the documents in apply order."""
+    body = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [d.file for d in docs],
+    }
+    return Document("kustomization.yaml", body)
+
+
+def write_documents(docs: list[Document], folder: Path) -> None:
+    """Write each document to its file (the store makes the folder appear whole)."""
+    for doc in docs:
+        (folder / doc.file).write_text(doc.text())
