@@ -164,9 +164,14 @@ def test_two_clean_builds_give_one_digest_where_plain_docker_build_gives_two(
 
 def wipe_engine(client) -> None:
     """Remove every image from the stack's own engine (and with them its build cache)."""
-    for image in client.images.list(all=True):
-        with contextlib.suppress(docker.errors.ImageNotFound):  # gone with its child
-            client.images.remove(image.id, force=True)
+    for _ in range(10):  # a parent goes only after its children: a few passes
+        images = client.images.list(all=True)
+        if not images:
+            return
+        for image in images:
+            with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
+                client.images.remove(image.id, force=True)
+    raise AssertionError(f"engine still holds {len(client.images.list(all=True))} images")
 
 
 def test_failing_run_step_names_the_step_and_shows_the_log_tail(
