@@ -32,6 +32,8 @@ PROFILE_STEP = profile_step(PROFILE_NAME)
 WEIGHTS = Weights(PROFILE, ENGINE)
 IMAGES = Images(PROFILE, ENGINE)
 IMAGE_DIGEST = get_var("image_digest", "")
+# Rings get manifests (Kubernetes) or launch plans (Docker hosts); the local profile neither yet.
+RENDERS = PROFILE.deploy == "kubernetes" or PROFILE.runtime == "sglang"
 
 
 def task_profile():
@@ -47,7 +49,7 @@ def task_images():
 
 
 def task_render():
-    if PROFILE.deploy == "kubernetes" or PROFILE.runtime == "sglang":
+    if RENDERS:
         step = render_step(PROFILE, lambda: IMAGES.image_ref(IMAGE_DIGEST))
         task = ENGINE.task(step)
         task["task_dep"] = [] if IMAGE_DIGEST else ["image"]
@@ -57,4 +59,7 @@ def task_render():
 
 def task_build():
     """build everything the chosen profile deploys (profile=NAME, default local)"""
-    return {"actions": None, "task_dep": [PROFILE_STEP.name, "image", "stage_weights"]}
+    deps = [PROFILE_STEP.name, "image", "stage_weights"]
+    if RENDERS:
+        deps.append("render")
+    return {"actions": None, "task_dep": deps}

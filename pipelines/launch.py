@@ -8,8 +8,8 @@ from pipelines.profiles import Profile
 from pipelines.render import Document
 
 
-def sglang_env(profile: Profile) -> dict[str, str]:
-    """The per-rank NCCL environment of a SGLang ring member, from the topology.
+def sglang_env(profile: Profile, rank: int) -> dict[str, str]:
+    """The NCCL environment of one SGLang rank, from the topology and its management NIC.
 
     A two-node pair needs none of the ring-only settings; rings of three or more route by
     subnet, and the patched (sparkring) NCCL runs ring-only, skipping Tree/PAT setup.
@@ -21,8 +21,8 @@ def sglang_env(profile: Profile) -> dict[str, str]:
         "NCCL_IB_GID_INDEX": str(fabric.ib_gid_index),
         "NCCL_CUMEM_ENABLE": "0",
         "NCCL_IB_HCA": ",".join(fabric.ib_hca),
-        "NCCL_SOCKET_IFNAME": profile.members[0].socket_interface,
         "NCCL_P2P_LEVEL": "SYS",
+        "NCCL_SOCKET_IFNAME": profile.members[rank].socket_interface,
     }
     if len(profile.members) >= 3:
         env |= {
@@ -84,7 +84,6 @@ def sglang_command(profile: Profile, rank: int) -> list[str]:
 
 def launch_plans(profile: Profile, image: str, weights_path: str) -> list[Document]:
     """One launch plan per node: image by digest, env, mounts (NCCL overlay, weights), command."""
-    env = sglang_env(profile)
     overlay = profile.sglang.nccl_overlay
     plans = []
     for rank, member in enumerate(profile.members):
@@ -105,7 +104,7 @@ def launch_plans(profile: Profile, image: str, weights_path: str) -> list[Docume
             "ipc_mode": "host",
             "devices": ["/dev/infiniband"],
             "gpus": "all",
-            "env": dict(sorted(env.items())),
+            "env": dict(sorted(sglang_env(profile, rank).items())),
             "mounts": mounts,
             "command": sglang_command(profile, rank),
         }

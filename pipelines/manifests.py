@@ -43,7 +43,7 @@ def render_step(profile: Profile, image: Callable[[], str]) -> Step:
     """
 
     def render(run: StepRun) -> None:
-        docs = render_profile(profile, image(), secret_values())
+        docs = render_profile(profile, run.params["image"], secret_values())
         write_documents(docs, run.out)
         print(f"render: {len(docs)} documents for {profile.name}:")
         for doc in docs:

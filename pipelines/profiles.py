@@ -194,12 +194,41 @@ class Profile(Strict):
             )
         if len(self.members) > 1 and self.fabric is None:
             raise ValueError("field 'fabric': required for a ring of more than one member")
-        if self.deploy == "kubernetes" and self.kubernetes is None:
-            raise ValueError("field 'kubernetes': required by deploy 'kubernetes'")
+        if self.deploy == "kubernetes":
+            for name, value in (
+                ("kubernetes", self.kubernetes),
+                ("hygiene", self.hygiene),
+                ("model.source_secret", self.model.source_secret),
+            ):
+                if value is None:
+                    raise ValueError(f"field {name!r}: required by deploy 'kubernetes'")
         if self.deploy == "kubernetes":
             for i, member in enumerate(self.members):
                 if not member.claim:
                     raise ValueError(f"field 'members.{i}.claim': required by deploy 'kubernetes'")
+        return self
+
+    @model_validator(mode="after")
+    def attention_divides(self) -> Profile:
+        """Heads and o_groups divide by the tensor size, padded (72/9) only where needed."""
+        tp = self.parallel.tensor
+        if self.model.config_patch == "tp3-heads" and (72 % tp or 9 % tp):
+            raise ValueError(
+                f"field 'model.config_patch': tp3-heads pads to 72 heads / 9 o_groups, which"
+                f" tensor {tp} does not divide"
+            )
+        if self.model.config_patch == "none" and (64 % tp or 8 % tp):
+            raise ValueError(
+                f"field 'model.config_patch': tensor {tp} does not divide 64 heads / 8 o_groups;"
+                " expected tp3-heads"
+            )
+        if self.vllm:
+            for arg in self.vllm.extra_args:
+                if arg.split("=")[0] in ("--hf-overrides", "--quantization"):
+                    raise ValueError(
+                        f"field 'vllm.extra_args': {arg.split('=')[0]} must not be used (the"
+                        " checkpoint declares its quantization; padding is a config patch)"
+                    )
         return self
 
 

@@ -149,7 +149,7 @@ def render_context(profile: Profile, lock: Lock, image: str) -> dict[str, Any]:
             "storage_class": k8s.storage_class,
             "node_path": k8s.node_cache_path,
         },
-        "hygiene": profile.hygiene.model_dump() if profile.hygiene else {"min_free_kbytes": 0},
+        "hygiene": profile.hygiene.model_dump(),
         "patch_source": PATCH_SOURCE.read_text(),
     }
 
@@ -185,16 +185,18 @@ def render_kubernetes(profile: Profile, lock: Lock, image: str) -> list[Document
             name = f"{prefix}-{body['kind'].lower()}-{body['metadata']['name']}.yaml"
             docs.append(Document(name, body))
 
+    # Apply order, as domain.md has it: caches, the Model (staging), the TP3 patch on every
+    # member's copy, node prep (drop the page cache the stage left), then the group.
     if profile.model.config_patch == "tp3-heads":
         add("10", "configmap-tp3-patch.yaml.j2")
     for member in context["members"]:
         add("20", "member-cache.yaml.j2", {"member": member})
-    for member in context["members"]:
-        add("30", "job-node-prep.yaml.j2", {"member": member})
+    add("30", "model.yaml.j2")
     if profile.model.config_patch == "tp3-heads":
         for member in context["members"]:
             add("40", "job-tp3-patch.yaml.j2", {"member": member})
-    add("50", "model.yaml.j2")
+    for member in context["members"]:
+        add("50", "job-node-prep.yaml.j2", {"member": member})
     add("60", "inferenceservice.yaml.j2")
     return docs
 

@@ -55,13 +55,14 @@ class StatCache:
             db.execute("CREATE INDEX IF NOT EXISTS files_inode ON files (dev, ino)")
 
     def _db(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
-        if db is None:
+        # One connection per thread and process: a connection must not cross a fork
+        # (doit -n forks workers after dodo.py opened the cache).
+        if getattr(self._local, "pid", None) != os.getpid():
             db = sqlite3.connect(self.db_path, timeout=60)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
-            self._local.db = db
-        return db
+            self._local.db, self._local.pid = db, os.getpid()
+        return self._local.db
 
     def lookup(self, path: Path, st: os.stat_result) -> str | None:
         """The cached digest for path if its stat fields are unchanged, else None."""

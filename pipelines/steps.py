@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import botocore.exceptions
+import docker.errors
+import requests
 from doit.exceptions import TaskFailed
 
 from pipelines.errors import PipelineError
@@ -37,6 +40,7 @@ class StepRun:
     step: Step
     out: Path
     dep_outputs: Mapping[str, Path]
+    params: Mapping[str, Any]
 
     def dep(self, name: str) -> Path:
         """The output folder of the dependency called name."""
@@ -100,7 +104,9 @@ class Engine:
         record = {"name": step.name, **self.material(step)}
         started = time.monotonic()
         out, built = self.store.build(
-            key, record, lambda out: step.action(StepRun(step, out, dep_outputs))
+            key,
+            record,
+            lambda out: step.action(StepRun(step, out, dep_outputs, record["params"])),
         )
         took = time.monotonic() - started
         print(f"{step.name}: {'built' if built else 'stored'} {key[:16]} ({took:.2f} s)")
@@ -129,21 +135,30 @@ class Engine:
             return False  # the action reports the error in one line
 
     def _doit_action(self, step: Step) -> dict[str, str] | TaskFailed:
-        try:
-            self.run(step)
-        except PipelineError as err:
-            return TaskFailed(str(err))
-        return {"key": self.key(step)}
+        failed = as_doit_action(lambda: self.run(step))()
+        return failed or {"key": self.key(step)}
+
+
+# Failures of the outside world (disk, network, S3, registry, engine) a person can act on.
+OUTSIDE_ERRORS = (
+    OSError,
+    botocore.exceptions.BotoCoreError,
+    botocore.exceptions.ClientError,
+    requests.RequestException,
+    docker.errors.DockerException,
+)
 
 
 def as_doit_action(work: Callable[[], Any]) -> Callable[[], Any]:
-    """A doit action that reports a PipelineError as one line and a failed task."""
+    """A doit action that reports a failure as one line and a failed task (no traceback)."""
 
     def action():
         try:
             work()
         except PipelineError as err:
             return TaskFailed(str(err))
+        except OUTSIDE_ERRORS as err:
+            return TaskFailed(f"{type(err).__name__}: {err}")
 
     return action
 

@@ -158,6 +158,7 @@ def check_ring_rules(docs: list[Document]) -> list[str]:
 def check_patch_jobs(docs: list[Document], svc: Document, members: list, tp: int) -> list[str]:
     """Every member of a TP that does not divide the heads gets the patch Job, applied first."""
     found = []
+    models = [d for d in docs if d.body.get("kind") == "Model"]
     jobs = {
         d.body["spec"]["template"]["spec"].get("nodeName"): d
         for d in docs
@@ -174,12 +175,13 @@ def check_patch_jobs(docs: list[Document], svc: Document, members: list, tp: int
                     member.get("node"),
                 )
             )
-        elif docs.index(job) > docs.index(svc):
+        elif not models or not docs.index(models[0]) < docs.index(job) < docs.index(svc):
             found.append(
                 violation(
                     job.file,
                     ["metadata", "name"],
-                    "the tp3-patch Job must be applied before the InferenceService",
+                    "the tp3-patch Job must come after the Model (the staged files) and before"
+                    " the InferenceService",
                     job.body["metadata"]["name"],
                 )
             )

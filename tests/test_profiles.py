@@ -87,3 +87,9 @@ def test_doit_with_a_bad_profile_exits_nonzero_with_one_line():
     assert result.returncode != 0
     assert result.stderr.strip().count("\n") == 0
     assert "profile 'no-such-ring'" in result.stderr and "tp3-ring" in result.stderr
+
+
+def test_tp3_padding_on_a_tensor_size_it_does_not_fit_is_refused(tmp_path):
+    folder = copy_profile(tmp_path, "tp4-ring", "config_patch: none", "config_patch: tp3-heads")
+    with pytest.raises(ProfileError, match=r"field 'model.config_patch': .* tensor 4 does not"):
+        load_profile("tp4-ring", folder)

@@ -12,7 +12,7 @@ import pytest
 
 from pipelines.errors import PipelineError
 from pipelines.launch import launch_plans
-from pipelines.manifests import render_profile, render_step
+from pipelines.manifests import render_step
 from pipelines.profiles import PROFILES_DIR, load_profile
 from pipelines.render import Document, render_kubernetes
 from pipelines.steps import Engine
@@ -98,11 +98,17 @@ BROKEN = {
     "memory in GB": ("memory: 110Gi", "memory: 110GB"),
     "a secret in the env": ("env:\n", 'env:\n  LEAKED: "s3cr3t-value-123"\n'),
     "rendezvous port out of range": ("rendezvous_port: 29500", "rendezvous_port: 70000"),
+    "a --quantization argument": ("- --enable-auto-tool-choice", "- --quantization=exl3"),
+    "no hygiene section": ("hygiene: {", "unused: {"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BROKEN))
-def test_broken_profile_fails_with_one_line_per_violation_and_writes_nothing(case, tmp_path):
+def test_broken_profile_fails_with_one_line_per_violation_and_writes_nothing(
+    case, tmp_path, monkeypatch
+):
+    # The secret the "secret in the env" case leaks, as the real step finds it: by its name.
+    monkeypatch.setenv("SPARKFORGE_TEST_SECRET_TOKEN", "s3cr3t-value-123")
     old, new = BROKEN[case]
     text = (PROFILES_DIR / "tp3-ring.yaml").read_text()
     assert old in text, case
@@ -112,13 +118,12 @@ def test_broken_profile_fails_with_one_line_per_violation_and_writes_nothing(cas
     store = Store(tmp_path / "store")
     with pytest.raises(PipelineError) as err:
         profile = load_profile("tp3-ring", folder)
-        step = render_step(profile, lambda: IMAGE)
-        secrets = ["s3cr3t-value-123"]
-        render_profile(profile, IMAGE, secrets)  # what the step's action runs
-        Engine(store, root=REPO).run(step)
+        Engine(store, root=REPO).run(render_step(profile, lambda: IMAGE))
     lines = str(err.value).splitlines()
     assert lines and all(line.count(": ") >= 2 for line in lines), lines
+    assert "s3cr3t-value-123" not in str(err.value)
     assert not list((store.root / "steps").iterdir())
+    assert not list((store.root / "tmp").iterdir())
 
 
 def test_each_violation_names_document_path_rule_and_value():

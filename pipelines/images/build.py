@@ -74,8 +74,13 @@ def digest_of(ref: str) -> str:
     return ref.rsplit("@", 1)[1]
 
 
-def plan_image(image: ImageDir, registry: str, base: str, statcache: StatCache) -> BuildPlan:
-    """Check the image statically and compute its key; no engine, no network."""
+def plan_image(
+    image: ImageDir, registry: str, base: str, statcache: StatCache, namespace: str = ""
+) -> BuildPlan:
+    """Check the image statically and compute its key; no engine, no network.
+
+    registry is a host[:port]; namespace the path in front of sparkforge/<name> there.
+    """
     spec = image.spec
     build_args = {"BASE": base, **spec.build_args}
     for name, upstream in spec.upstream.items():
@@ -105,7 +110,7 @@ def plan_image(image: ImageDir, registry: str, base: str, statcache: StatCache) 
     return BuildPlan(
         name=spec.name,
         registry=registry,
-        repository=f"sparkforge/{spec.name}",
+        repository="/".join(part for part in (namespace, "sparkforge", spec.name) if part),
         platform=platform,
         base=base,
         build_args=build_args,

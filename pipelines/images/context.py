@@ -30,6 +30,11 @@ def context_files(root: Path, extra: dict[str, Path]) -> dict[str, Path]:
     return dict(sorted(files.items()))
 
 
+def normal_mode(mode: int) -> int:
+    """0755 or 0644 by the executable bit: a checkout's umask must not change an image."""
+    return 0o755 if mode & 0o111 else 0o644
+
+
 def context_digest(root: Path, statcache: StatCache, extra: dict[str, Path]) -> str:
     """One digest of what the engine would receive: names, modes and file contents."""
     files = context_files(root, extra)
@@ -41,9 +46,9 @@ def context_digest(root: Path, statcache: StatCache, extra: dict[str, Path]) -> 
         if path.is_symlink():
             listing.append([name, "link", os.readlink(path)])
         elif path.is_dir():
-            listing.append([name, "dir", st.st_mode & 0o7777])
+            listing.append([name, "dir"])
         else:
-            listing.append([name, "file", st.st_mode & 0o7777, digests[path.absolute()]])
+            listing.append([name, "file", normal_mode(st.st_mode), digests[path.absolute()]])
     return hashlib.sha256(canonical_json(listing)).hexdigest()
 
 
@@ -54,6 +59,7 @@ def context_tar(root: Path, epoch: int, extra: dict[str, Path]) -> io.BytesIO:
         for name, path in context_files(root, extra).items():
             info = tar.gettarinfo(str(path), arcname=name)
             info.mtime = epoch
+            info.mode = 0o755 if info.isdir() else normal_mode(info.mode)
             info.uid = info.gid = 0
             info.uname = info.gname = ""
             if info.isreg():

@@ -89,7 +89,8 @@ def check_contents(path: Path, text: str, spec: ImageSpec) -> None:
         wanted.append(f"ARG {upstream_arg(name)}")
     flat = " ".join(f"{i.keyword} {i.args}" for i in instructions(text))
     for needle in wanted:
-        if needle not in flat:
+        # Whole words only: MAX_JOBS=1 must not be satisfied by MAX_JOBS=16.
+        if not re.search(rf"(?<![\w/.-]){re.escape(needle)}(?![\w.-])", flat):
             raise ImageError(f"{path}: expected the Dockerfile to contain {needle!r}")
     if checks.nccl == "sparkring-overlay" and re.search(r"LD_LIBRARY_PATH=[^ ]*nccl", flat):
         raise ImageError(

@@ -34,10 +34,17 @@ class Images:
 
     @cached_property
     def registry(self) -> Registry:
-        """The registry images go to: the local stack's, or the profile's."""
+        """The registry host images go to: the local stack's, or the profile's."""
         if self.profile.local_stack:
             return Registry(stack.read_endpoints().registry)
-        return Registry(self.profile.registry)
+        return Registry(self.profile.registry.split("/", 1)[0])
+
+    @property
+    def namespace(self) -> str:
+        """The path in the registry in front of sparkforge/<image> (the lab's namespace)."""
+        if self.profile.local_stack or "/" not in self.profile.registry:
+            return ""
+        return self.profile.registry.split("/", 1)[1]
 
     def base_tag(self) -> tuple[str, str]:
         """(repository, key tag) of the local base."""
@@ -58,7 +65,11 @@ class Images:
     def plan(self) -> BuildPlan:
         """The build plan of the profile's image."""
         return plan_image(
-            self.image, self.registry.host, self.base_ref(), self.engine.store.statcache
+            self.image,
+            self.registry.host,
+            self.base_ref(),
+            self.engine.store.statcache,
+            self.namespace,
         )
 
     def image_ref(self, digest: str = "") -> str:

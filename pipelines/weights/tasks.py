@@ -39,13 +39,26 @@ def weights_root(engine: Engine) -> Path:
 def fetch_options_from_env() -> FetchOptions:
     """Fetch tuning, per node: SPARKFORGE_FETCH_{PART_MIB,WORKERS,MAX_MBPS,FSYNC}."""
     defaults = FetchOptions()
-    part = os.environ.get("SPARKFORGE_FETCH_PART_MIB")
-    workers = os.environ.get("SPARKFORGE_FETCH_WORKERS")
-    rate = os.environ.get("SPARKFORGE_FETCH_MAX_MBPS")
+
+    def number(name: str, default: float) -> float:
+        value = os.environ.get(name)
+        if not value:
+            return default
+        try:
+            parsed = float(value)
+        except ValueError:
+            parsed = 0
+        if parsed <= 0:
+            raise PipelineError(f"environment {name}={value!r}: expected a positive number")
+        return parsed
+
+    rate = number("SPARKFORGE_FETCH_MAX_MBPS", 0)
     return FetchOptions(
-        part_size=int(float(part) * (1 << 20)) if part else defaults.part_size,
-        workers=int(workers) if workers else defaults.workers,
-        max_rate=float(rate) * 1e6 if rate else None,
+        part_size=int(
+            number("SPARKFORGE_FETCH_PART_MIB", defaults.part_size / (1 << 20)) * (1 << 20)
+        ),
+        workers=int(number("SPARKFORGE_FETCH_WORKERS", defaults.workers)),
+        max_rate=rate * 1e6 if rate else None,
         durable=os.environ.get("SPARKFORGE_FETCH_FSYNC", "1") != "0",
     )
 
