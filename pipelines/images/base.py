@@ -14,16 +14,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from pipelines.images.oci import (
-    LAYER_TYPE,
-    Blob,
-    Image,
-    assemble,
-    epoch_iso,
-    file_sha256,
-    gzip_file,
-    normal_info,
-)
+from pipelines.images.oci import Image, assemble, epoch_iso, normal_info, write_layer
 from pipelines.images.spec import ImageError, LocalBase
 from pipelines.keys import key_material, step_key
 
@@ -128,19 +119,8 @@ def build_base(spec: LocalBase, arch: str, epoch: int, work: Path) -> Image:
     """The one-layer image of a fresh debootstrap rootfs, normalized, its blobs in work."""
     rootfs = work / "rootfs"
     debootstrap(spec, rootfs)
-    plain = work / "layer.tar"
-    with (
-        open(plain, "wb") as dest,
-        tarfile.open(fileobj=dest, mode="w", format=tarfile.GNU_FORMAT) as tar,
-    ):
-        for info, data in rootfs_members(rootfs, epoch):
-            tar.addfile(info, data)
+    layer, diff_id = write_layer(rootfs_members(rootfs, epoch), work)
     shutil.rmtree(rootfs)
-    diff_id = "sha256:" + file_sha256(plain)
-    gz = work / "layer.tar.gz"
-    digest = gzip_file(plain, gz)
-    plain.unlink()
-    layer = Blob("sha256:" + digest, gz.stat().st_size, gz, LAYER_TYPE)
     config = {
         "architecture": arch,
         "os": "linux",

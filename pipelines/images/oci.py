@@ -16,12 +16,12 @@ import tarfile
 import tempfile
 import threading
 import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from pipelines.keys import canonical_json
+from pipelines.statcache import hash_file
 from pipelines.store import write_atomic
 
 NORMALIZER_VERSION = 1
@@ -30,7 +30,6 @@ CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
 LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
 GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no name, mtime 0, OS 255
 GZIP_LEVEL = 6
-COPY_CHUNK = 1 << 20
 # Config fields kept from the builder: what the image runs with. Everything else (container
 # ids, hostnames, builder versions, timestamps) differs between two builds of the same inputs.
 RUN_CONFIG_FIELDS = (
@@ -88,13 +87,6 @@ def normal_info(info: tarfile.TarInfo, epoch: int) -> tarfile.TarInfo:
     return out
 
 
-def write_normal_tar(members: Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]], dest: IO[bytes]):
-    """Write (header, data) pairs as a GNU tar with no PAX records (members already sorted)."""
-    with tarfile.open(fileobj=dest, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for info, data in members:
-            tar.addfile(info, data)
-
-
 def sorted_members(tar: tarfile.TarFile, epoch: int):
     """The members of a layer tar sorted by name, headers normalized.
 
@@ -125,49 +117,67 @@ def sorted_members(tar: tarfile.TarFile, epoch: int):
             yield normal_info(member, epoch), tar.extractfile(member) if member.isreg() else None
 
 
-def gzip_file(src: Path, dest: Path) -> str:
-    """Gzip src into dest with a fixed header and deflate settings; the sha256 of dest."""
-    digest = hashlib.sha256()
-    crc, size = 0, 0
-    deflate = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS, 8)
-    with open(src, "rb") as fin, open(dest, "wb") as fout:
+class LayerWriter:
+    """A file object for tarfile that gzips (fixed header) as it is written, hashing the plain
+    tar (the diff_id) and the compressed bytes (the blob digest) in the same pass."""
 
-        def emit(data: bytes) -> None:
-            if data:
-                fout.write(data)
-                digest.update(data)
+    def __init__(self, dest: IO[bytes]):
+        self.dest = dest
+        self.plain = hashlib.sha256()
+        self.packed = hashlib.sha256()
+        self.crc, self.size, self.packed_size = 0, 0, 0
+        self.deflate = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS, 8)
+        self._emit(GZIP_HEADER)
 
-        emit(GZIP_HEADER)
-        while chunk := fin.read(COPY_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-            size += len(chunk)
-            emit(deflate.compress(chunk))
-        emit(deflate.flush())
-        emit(crc.to_bytes(4, "little") + (size & 0xFFFFFFFF).to_bytes(4, "little"))
-    return digest.hexdigest()
+    def _emit(self, data: bytes) -> None:
+        if data:
+            self.dest.write(data)
+            self.packed.update(data)
+            self.packed_size += len(data)
+
+    def write(self, data) -> int:
+        """Take plain tar bytes."""
+        self.plain.update(data)
+        self.crc = zlib.crc32(data, self.crc)
+        self.size += len(data)
+        self._emit(self.deflate.compress(data))
+        return len(data)
+
+    def tell(self) -> int:
+        """Plain bytes written so far (tarfile asks)."""
+        return self.size
+
+    def finish(self) -> tuple[str, str, int]:
+        """Close the gzip stream: (blob digest, diff_id, compressed size)."""
+        self._emit(self.deflate.flush())
+        self._emit(self.crc.to_bytes(4, "little") + (self.size & 0xFFFFFFFF).to_bytes(4, "little"))
+        return (
+            "sha256:" + self.packed.hexdigest(),
+            "sha256:" + self.plain.hexdigest(),
+            self.packed_size,
+        )
 
 
-def file_sha256(path: Path) -> str:
-    """sha256 of a file."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(COPY_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+def write_layer(members, out_dir: Path) -> tuple[Blob, str]:
+    """A gzipped layer blob from (header, data) pairs, in one pass; (blob, diff_id)."""
+    tmp = out_dir / f"layer.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "wb") as dest:
+        writer = LayerWriter(dest)
+        with tarfile.open(fileobj=writer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+            for info, data in members:
+                tar.addfile(info, data)
+        digest, diff_id, size = writer.finish()
+        dest.flush()
+        os.fsync(dest.fileno())
+    final = out_dir / digest.split(":")[1]
+    tmp.rename(final)
+    return Blob(digest, size, final, LAYER_TYPE), diff_id
 
 
 def normalize_layer(layer_tar: Path, epoch: int, out_dir: Path) -> tuple[Blob, str]:
     """A normalized, gzipped layer blob and its diff_id (sha256 of the plain tar)."""
-    plain = out_dir / f"layer.{os.getpid()}.{threading.get_ident()}.tar.tmp"
-    with tarfile.open(layer_tar, "r:*") as tar, open(plain, "wb") as dest:
-        write_normal_tar(sorted_members(tar, epoch), dest)
-    diff_id = "sha256:" + file_sha256(plain)
-    gz = plain.with_suffix(".gz.tmp")
-    digest = gzip_file(plain, gz)
-    final = out_dir / digest
-    gz.rename(final)
-    plain.unlink()
-    return Blob("sha256:" + digest, final.stat().st_size, final, LAYER_TYPE), diff_id
+    with tarfile.open(layer_tar, "r:*") as tar:
+        return write_layer(sorted_members(tar, epoch), out_dir)
 
 
 class LayerCache:
@@ -180,15 +190,16 @@ class LayerCache:
 
     def normalize(self, layer_tar: Path, epoch: int) -> tuple[Blob, str]:
         """The normalized blob and diff_id of a builder layer, from the cache when known."""
-        entry = self.root / f"{file_sha256(layer_tar)}-{epoch}-v{NORMALIZER_VERSION}.json"
+        entry = self.root / f"{hash_file(layer_tar)}-{epoch}-v{NORMALIZER_VERSION}.json"
         if entry.exists():
             known = json.loads(entry.read_text())
             path = self.blobs / known["digest"].split(":")[1]
-            if path.exists():
+            if path.exists() and path.stat().st_size == known.get("size"):
                 blob = Blob(known["digest"], path.stat().st_size, path, LAYER_TYPE)
                 return blob, known["diff_id"]
         blob, diff_id = normalize_layer(layer_tar, epoch, self.blobs)
-        write_atomic(entry, json.dumps({"digest": blob.digest, "diff_id": diff_id}).encode())
+        record = {"digest": blob.digest, "diff_id": diff_id, "size": blob.size}
+        write_atomic(entry, json.dumps(record).encode())
         return blob, diff_id
 
 

@@ -45,12 +45,6 @@ class Registry:
         self._check(r, f"HEAD manifest {repo}:{ref}")
         return r.headers.get("Docker-Content-Digest")
 
-    def manifest(self, repo: str, ref: str) -> bytes:
-        """The manifest bytes of a tag or digest."""
-        r = self._call("GET", f"{self.base}/{repo}/manifests/{ref}", headers={"Accept": ACCEPT})
-        self._check(r, f"GET manifest {repo}:{ref}")
-        return r.content
-
     def has_blob(self, repo: str, digest: str) -> bool:
         """True when the registry holds the blob."""
         r = self._call("HEAD", f"{self.base}/{repo}/blobs/{digest}")
