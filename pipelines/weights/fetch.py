@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -176,6 +176,7 @@ class Fetcher:
         self.progress = progress
         self.limiter = RateLimiter(options.max_rate)
         self.report = FetchReport()
+        self.stop = threading.Event()
         self._count = threading.Lock()
         self.pool = ThreadPoolExecutor(options.workers, thread_name_prefix="range")
         # Range buffers are reused: fresh big allocations cost a page fault per 4 KiB.
@@ -186,9 +187,17 @@ class Fetcher:
     def fetch(self, entries: list[LockEntry]) -> FetchReport:
         """Fetch entries (biggest first, several files at once); failures are collected."""
         ordered = sorted(entries, key=lambda e: e.size, reverse=True)
-        with ThreadPoolExecutor(self.options.files_at_once, thread_name_prefix="file") as files:
+        files = ThreadPoolExecutor(self.options.files_at_once, thread_name_prefix="file")
+        try:
             outcomes = {e.name: files.submit(self.fetch_file, e) for e in ordered}
-        self.pool.shutdown()
+            wait(outcomes.values())
+        except BaseException:
+            # Ctrl-C or a kill of the task: stop every range at its next read, then leave.
+            self.stop.set()
+            raise
+        finally:
+            files.shutdown(wait=True, cancel_futures=True)
+            self.pool.shutdown(wait=True, cancel_futures=True)
         for name, outcome in outcomes.items():
             try:
                 reused = outcome.result()
@@ -294,6 +303,8 @@ class Fetcher:
             with response["Body"] as body:
                 readinto = direct_readinto(body, response)
                 while got < len(view):
+                    if self.stop.is_set():
+                        raise FetchError(f"{key}: fetch stopped")
                     n = readinto(view[got : got + READ_CHUNK])
                     if not n:
                         break
