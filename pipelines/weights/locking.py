@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from pipelines.progress import Progress
 from pipelines.s3 import S3Url
+from pipelines.weights.fetch import RETRYABLE
 from pipelines.weights.lock import Lock, LockEntry, LockError
 
 MD5SUMS = "MD5SUMS.body"
-READ_CHUNK = 8 << 20
+RANGE = 32 << 20
+RETRIES = 5
 
 
 def list_objects(client, url: S3Url) -> dict[str, dict]:
@@ -26,15 +29,32 @@ def list_objects(client, url: S3Url) -> dict[str, dict]:
     return found
 
 
-def hash_object(client, url: S3Url, name: str, progress: Progress) -> tuple[str, str]:
-    """(sha256, md5) of one object, computed while it streams."""
+def hash_object(client, url: S3Url, name: str, size: int, progress: Progress) -> tuple[str, str]:
+    """(sha256, md5) of one object, computed while it streams in ranges.
+
+    A range that breaks is fetched again before it is hashed, so a dropped connection on a
+    101 GB shard costs one range, not the whole object.
+    """
     sha, md5 = hashlib.sha256(), hashlib.md5()
-    body = client.get_object(Bucket=url.bucket, Key=url.key(name))["Body"]
-    with body:
-        while chunk := body.read(READ_CHUNK):
-            sha.update(chunk)
-            md5.update(chunk)
-            progress.advance(name, len(chunk))
+    for start in range(0, size, RANGE):
+        end = min(start + RANGE, size) - 1
+        for attempt in range(RETRIES + 1):
+            try:
+                body = client.get_object(
+                    Bucket=url.bucket, Key=url.key(name), Range=f"bytes={start}-{end}"
+                )["Body"]
+                with body:
+                    data = body.read()
+                if len(data) == end - start + 1:
+                    break
+            except RETRYABLE:
+                pass
+            if attempt == RETRIES:
+                raise LockError(f"{url.key(name)}: bytes {start}-{end} failed {RETRIES + 1} times")
+            time.sleep(min(2**attempt * 0.2, 5))
+        sha.update(data)
+        md5.update(data)
+        progress.advance(name, len(data))
     return sha.hexdigest(), md5.hexdigest()
 
 
@@ -67,13 +87,9 @@ def lock_from_bucket(client, model: str, source: str, previous: Lock | None, wor
     progress = Progress(f"lock {model}", total, big)
     try:
         with ThreadPoolExecutor(workers) as pool:
-            digests = dict(
-                zip(
-                    names,
-                    pool.map(lambda n: hash_object(client, url, n, progress), names),
-                    strict=True,
-                )
-            )
+            sizes = [objects[n]["size"] for n in names]
+            hashed = pool.map(lambda n, z: hash_object(client, url, n, z, progress), names, sizes)
+            digests = dict(zip(names, hashed, strict=True))
     finally:
         progress.close()
     if MD5SUMS in objects:
