@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import requests
 
+from pipelines.images.credentials import docker_config_path, registry_credentials
 from pipelines.images.oci import MANIFEST_TYPE, Image
 from pipelines.images.spec import ImageError
 
@@ -21,9 +25,11 @@ ACCEPT = ", ".join(
 
 @dataclass(frozen=True)
 class Registry:
-    """A registry at host:port (plain HTTP on loopback, HTTPS elsewhere)."""
+    """A registry at host:port (plain HTTP on loopback, HTTPS elsewhere), logged in on demand."""
 
     host: str
+    # Authorization headers by challenge scope, learned from 401 answers (never printed).
+    _tokens: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def base(self) -> str:
@@ -31,11 +37,63 @@ class Registry:
         local = self.host.startswith(("127.", "localhost"))
         return f"{'http' if local else 'https'}://{self.host}/v2"
 
-    def _call(self, method: str, url: str, **kwargs) -> requests.Response:
+    def _call(self, method: str, url: str, body: Path | bytes | None = None, **kwargs):
+        """One request; on a 401 it logs in as the challenge asks and tries once more."""
+        headers = kwargs.pop("headers", {})
+        for attempt in range(2):
+            auth = self._tokens.get(self._scope_of(url), {})
+            try:
+                if isinstance(body, Path):
+                    with open(body, "rb") as data:
+                        r = self._send(method, url, data, {**headers, **auth}, kwargs)
+                else:
+                    r = self._send(method, url, body, {**headers, **auth}, kwargs)
+            except requests.RequestException as err:
+                reason = type(err).__name__
+                raise ImageError(
+                    f"registry {self.host} unreachable ({method} {url}: {reason})"
+                ) from None
+            if r.status_code != 401 or attempt:
+                return r
+            self._tokens[self._scope_of(url)] = self._login(r.headers.get("WWW-Authenticate", ""))
+        return r
+
+    @staticmethod
+    def _send(method, url, data, headers, kwargs) -> requests.Response:
+        return requests.request(method, url, data=data, headers=headers, timeout=300, **kwargs)
+
+    def _scope_of(self, url: str) -> str:
+        """The repository a URL is about (tokens are per repository)."""
+        path = url.removeprefix(self.base + "/")
+        for marker in ("/manifests/", "/blobs/"):
+            if marker in path:
+                return path.split(marker)[0]
+        return path
+
+    def _login(self, challenge: str) -> dict[str, str]:
+        """The Authorization header a WWW-Authenticate challenge asks for (Basic or Bearer)."""
+        creds = registry_credentials(self.host)
+        if creds is None:
+            raise ImageError(
+                f"registry {self.host} wants credentials: none in the Docker chain"
+                f" ({docker_config_path()}; `docker login {self.host}`)"
+            )
+        scheme, _, params = challenge.partition(" ")
+        if scheme.lower() == "basic":
+            token = base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
+            return {"Authorization": f"Basic {token}"}
+        fields = dict(re.findall(r'(\w+)="([^"]*)"', params))
+        if scheme.lower() != "bearer" or "realm" not in fields:
+            raise ImageError(f"registry {self.host}: unsupported authentication {scheme!r}")
+        query = {k: v for k, v in fields.items() if k in ("service", "scope")}
         try:
-            return requests.request(method, url, timeout=kwargs.pop("timeout", 300), **kwargs)
-        except requests.ConnectionError:
-            raise ImageError(f"registry {self.host} unreachable ({method} {url})") from None
+            r = requests.get(fields["realm"], params=query, auth=creds, timeout=60)
+        except requests.RequestException as err:
+            raise ImageError(f"registry {self.host}: token service: {type(err).__name__}") from None
+        if r.status_code != 200:
+            raise ImageError(f"registry {self.host}: token service said HTTP {r.status_code}")
+        answer = r.json()
+        return {"Authorization": f"Bearer {answer.get('token') or answer.get('access_token')}"}
 
     def manifest_digest(self, repo: str, ref: str) -> str | None:
         """The digest a tag (or digest) points to, or None when the registry lacks it."""
@@ -60,13 +118,12 @@ class Registry:
         if location.startswith("/"):
             location = self.base.removesuffix("/v2") + location
         separator = "&" if "?" in location else "?"
-        with open(path, "rb") as body:
-            r = self._call(
-                "PUT",
-                f"{location}{separator}digest={digest}",
-                data=body,
-                headers={"Content-Type": "application/octet-stream"},
-            )
+        r = self._call(
+            "PUT",
+            f"{location}{separator}digest={digest}",
+            body=Path(path),
+            headers={"Content-Type": "application/octet-stream"},
+        )
         self._check(r, f"upload {digest} to {repo}")
         return True
 
@@ -75,7 +132,7 @@ class Registry:
         r = self._call(
             "PUT",
             f"{self.base}/{repo}/manifests/{ref}",
-            data=manifest,
+            body=manifest,
             headers={"Content-Type": MANIFEST_TYPE},
         )
         self._check(r, f"put manifest {repo}:{ref}")

@@ -1,0 +1,109 @@
+"""Pushing to a registry that wants a login, with credentials from the Docker chain."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import socket
+import subprocess
+import tarfile
+import time
+import uuid
+
+import bcrypt
+import pytest
+import requests
+
+from pipelines.images.oci import assemble, write_layer
+from pipelines.images.registry import Registry
+from pipelines.images.spec import ImageError
+
+USER = "sparkforge-ci"
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def locked_registry(tmp_path):
+    """Debian's docker-registry on loopback with htpasswd (Basic) auth; (host, password)."""
+    password = uuid.uuid4().hex
+    (tmp_path / "htpasswd").write_bytes(
+        f"{USER}:".encode() + bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=5)) + b"\n"
+    )
+    host = f"127.0.0.1:{free_port()}"
+    config = {
+        "version": 0.1,
+        "http": {"addr": host},
+        "storage": {"filesystem": {"rootdirectory": str(tmp_path / "data")}},
+        "auth": {"htpasswd": {"realm": "sparkforge-test", "path": str(tmp_path / "htpasswd")}},
+    }
+    (tmp_path / "config.yml").write_text(json.dumps(config))
+    proc = subprocess.Popen(
+        ["docker-registry", "serve", str(tmp_path / "config.yml")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            if requests.get(f"http://{host}/v2/", timeout=1).status_code == 401:
+                break
+        except requests.ConnectionError:
+            pass
+        assert time.monotonic() < deadline, "the test registry did not start"
+        time.sleep(0.1)
+    yield host, password
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def tiny_image(folder):
+    """A one-layer image holding one file, made without an engine."""
+    data = b"hello from sparkforge\n"
+    info = tarfile.TarInfo("hello.txt")
+    info.size = len(data)
+    layer, diff_id = write_layer([(info, io.BytesIO(data))], folder)
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+    }
+    return assemble(config, [layer], folder)
+
+
+def test_push_without_credentials_says_how_to_log_in(locked_registry, tmp_path, monkeypatch):
+    host, password = locked_registry
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "empty"))
+    with pytest.raises(ImageError) as err:
+        Registry(host).push_image("sparkforge/tiny", tiny_image(tmp_path), ["t"])
+    assert f"registry {host} wants credentials" in str(err.value)
+    assert f"docker login {host}" in str(err.value)
+
+
+def test_push_logs_in_from_docker_config_and_never_shows_the_secret(
+    locked_registry, tmp_path, monkeypatch
+):
+    host, password = locked_registry
+    docker_config = tmp_path / "docker"
+    docker_config.mkdir()
+    auth = base64.b64encode(f"{USER}:{password}".encode()).decode()
+    (docker_config / "config.json").write_text(json.dumps({"auths": {host: {"auth": auth}}}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(docker_config))
+    image = tiny_image(tmp_path)
+    registry = Registry(host)
+    assert registry.push_image("sparkforge/tiny", image, ["v1"]) == image.digest
+    assert Registry(host).manifest_digest("sparkforge/tiny", "v1") == image.digest
+    assert password not in repr(registry)
+
+    (docker_config / "config.json").write_text(
+        json.dumps({"auths": {host: {"auth": base64.b64encode(f"{USER}:wrong".encode()).decode()}}})
+    )
+    with pytest.raises(ImageError) as err:
+        Registry(host).manifest_digest("sparkforge/tiny", "v1")
+    assert "HTTP 401" in str(err.value) and "wrong" not in str(err.value)
