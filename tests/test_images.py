@@ -15,7 +15,15 @@ import pytest
 
 from pipelines import stack as local_stack
 from pipelines.images.base import base_key, base_repository, build_base, debian_arch
-from pipelines.images.build import RECEIPT, build_and_push, engine_build, plan_image
+from pipelines.images.build import (
+    RECEIPT,
+    build_and_push,
+    buildx_available,
+    buildx_command,
+    choose_builder,
+    engine_build,
+    plan_image,
+)
 from pipelines.images.dockerfile import check_contents, check_froms
 from pipelines.images.oci import normalize_saved_image
 from pipelines.images.registry import Registry
@@ -211,3 +219,17 @@ def test_context_tar_ignores_what_dockerignore_lists(tmp_path):
     (tmp_path / ".dockerignore").write_text("*.env\n")
     assert "secret.env" not in context_files(tmp_path, {})
     assert "keep.txt" in context_files(tmp_path, {})
+
+
+def test_builder_is_the_engine_here_and_buildx_builds_from_the_plan(monkeypatch, tmp_path):
+    assert not buildx_available()  # no buildx on these machines: the engine builds
+    assert choose_builder(has_engine=True) == "engine"
+    monkeypatch.setenv("SPARKFORGE_BUILDER", "kaniko")
+    with pytest.raises(ImageError, match="expected one of engine, buildx"):
+        choose_builder(has_engine=True)
+    image = load_image("vllm-gb10-dsv41-exl3")
+    plan = plan_image(image, "ghcr.io", image.spec.base.image, StatCache(tmp_path / "c"))
+    command = buildx_command(plan, Path("/ctx"), "/out/saved.tar")
+    assert command[:5] == ["docker", "buildx", "build", "--platform", "linux/arm64"]
+    assert command[-2:] == ["type=docker,dest=/out/saved.tar,rewrite-timestamp=true", "/ctx"]
+    assert f"SPARKFORGE_IMAGE_KEY={plan.key}" in command

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import platform as host_platform
 import subprocess
+import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,17 +52,17 @@ class BuildPlan:
         return {**self.build_args, "SPARKFORGE_IMAGE_KEY": self.key}
 
     def invocation(self) -> list[str]:
-        """The equivalent `docker buildx build` command (what CI runs on arm64 runners)."""
-        command = ["env", f"SOURCE_DATE_EPOCH={self.epoch}", "docker", "buildx", "build"]
-        command += ["--platform", self.platform, "--network=host"]
-        for name, value in sorted(self.args_with_key().items()):
-            command += ["--build-arg", f"{name}={value}"]
-        command += [
-            "--output",
-            "type=oci,rewrite-timestamp=true,dest=image.tar",
-            str(self.context),
-        ]
-        return command
+        """The exact buildx command (what CI runs on arm64 runners), before normalization."""
+        context = Path("CONTEXT")  # the folder plus the receipt writer, mtimes and modes fixed
+        return ["env", f"SOURCE_DATE_EPOCH={self.epoch}", *buildx_command(self, context)]
+
+
+def buildx_command(plan: BuildPlan, context: Path, dest: str = "image.tar") -> list[str]:
+    """`docker buildx build` of a plan into a docker-format tar (what the normalizer reads)."""
+    command = ["docker", "buildx", "build", "--platform", plan.platform, "--network=host"]
+    for name, value in sorted(plan.args_with_key().items()):
+        command += ["--build-arg", f"{name}={value}"]
+    return command + ["--output", f"type=docker,dest={dest},rewrite-timestamp=true", str(context)]
 
 
 def native_platform() -> str:
@@ -164,12 +166,52 @@ def engine_build(client: docker.DockerClient, plan: BuildPlan, saved: Path) -> N
         raise ImageError(f"{plan.name}: Docker engine: {err}") from None
 
 
+def buildx_available() -> bool:
+    """True when `docker buildx` answers (GitHub's runners have it; these machines do not)."""
+    try:
+        return subprocess.run(["docker", "buildx", "version"], capture_output=True).returncode == 0
+    except FileNotFoundError:
+        return False
+
+
+def buildx_build(client: docker.DockerClient | None, plan: BuildPlan, saved: Path) -> None:
+    """Build with buildx from the normalized context (SOURCE_DATE_EPOCH, rewritten timestamps)."""
+    with tempfile.TemporaryDirectory(dir=saved.parent, prefix="context-") as context:
+        with tarfile.open(fileobj=context_tar(plan.context, plan.epoch, EXTRA_CONTEXT)) as tar:
+            tar.extractall(context, filter="data")
+        result = subprocess.run(
+            buildx_command(plan, Path(context), str(saved)),
+            env={**os.environ, "SOURCE_DATE_EPOCH": str(plan.epoch)},
+            capture_output=True,
+            text=True,
+        )
+    if result.returncode != 0:
+        tail = " | ".join((result.stdout + result.stderr).strip().splitlines()[-LOG_TAIL:])
+        raise ImageError(f"{plan.name}: buildx failed (exit {result.returncode}): {tail}")
+
+
+# Builders by name, each (client, plan, saved tar) -> None; the normalizer takes it from there.
+BUILDERS = {"engine": engine_build, "buildx": buildx_build}
+
+
+def choose_builder(has_engine: bool) -> str:
+    """$SPARKFORGE_BUILDER if set; else the engine when there is one (the local stack), else
+    buildx when present."""
+    chosen = os.environ.get("SPARKFORGE_BUILDER") or (
+        "engine" if has_engine or not buildx_available() else "buildx"
+    )
+    if chosen not in BUILDERS:
+        raise ImageError(f"SPARKFORGE_BUILDER={chosen!r}: expected one of {', '.join(BUILDERS)}")
+    return chosen
+
+
 def build_and_push(
     client: docker.DockerClient,
     registry: Registry,
     plan: BuildPlan,
     work: Path | None = None,
     layers_cache: LayerCache | None = None,
+    builder: str = "engine",
 ) -> tuple[str, bool]:
     """The image of the plan in the registry: (digest, built). Built only if its key is absent."""
     existing = registry.manifest_digest(plan.repository, plan.key_tag)
@@ -177,7 +219,7 @@ def build_and_push(
         return existing, False
     with tempfile.TemporaryDirectory(dir=work, prefix="image-") as tmp:
         saved = Path(tmp) / "saved.tar"
-        engine_build(client, plan, saved)
+        BUILDERS[builder](client, plan, saved)
         image: Image = normalize_saved_image(saved, plan.epoch, Path(tmp), layers_cache)
         saved.unlink()
         digest = registry.push_image(

@@ -12,7 +12,13 @@ from typing import Any
 from pipelines import stack
 from pipelines.errors import PipelineError
 from pipelines.images.base import base_key, base_repository, build_base, debian_arch
-from pipelines.images.build import BuildPlan, build_and_push, plan_image
+from pipelines.images.build import (
+    EXTRA_CONTEXT,
+    BuildPlan,
+    build_and_push,
+    choose_builder,
+    plan_image,
+)
 from pipelines.images.oci import LayerCache
 from pipelines.images.registry import Registry
 from pipelines.images.spec import ImageDir, load_image
@@ -125,16 +131,17 @@ class Images:
         """Build, normalize and push the image unless its key is in the registry."""
         plan = self.plan()
         client = stack.docker_client(stack.read_endpoints()) if self.profile.local_stack else None
-        if client is None:
+        builder = choose_builder(has_engine=client is not None)
+        if client is None and builder == "engine":
             raise PipelineError(
-                f"profile {self.profile.name}: images for {plan.platform} are built by CI"
-                " (`doit plan` prints the invocation)"
+                f"profile {self.profile.name}: no engine and no buildx here; images for"
+                f" {plan.platform} are built by CI (`doit plan` prints the invocation)"
             )
         store = self.engine.store.root
         digest, built = build_and_push(
-            client, self.registry, plan, store / "tmp", LayerCache(store / "layers")
+            client, self.registry, plan, store / "tmp", LayerCache(store / "layers"), builder
         )
-        state = "built and pushed" if built else "already in the registry"
+        state = f"built with {builder} and pushed" if built else "already in the registry"
         print(
             f"image: {self.registry.host}/{plan.repository}@{digest} ({state}, key {plan.key[:16]})"
         )
@@ -153,6 +160,11 @@ class Images:
                     "base": plan.base,
                     "build_args": plan.build_args,
                     "invocation": plan.invocation(),
+                    "CONTEXT": {
+                        "folder": str(plan.context),
+                        "extra": {k: str(v) for k, v in EXTRA_CONTEXT.items()},
+                        "normalized": "sorted, mtime SOURCE_DATE_EPOCH, owner 0, mode 644/755",
+                    },
                     "key_material": plan.material,
                 },
                 indent=2,
