@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from plot import bar_chart  # noqa: E402
 
 from pipelines import stack  # noqa: E402
 from pipelines.progress import NoProgress  # noqa: E402
@@ -137,6 +140,15 @@ def main() -> None:
     lazy = medians["sparkforge, no fsync"]
     print(f"  ours without fsync / s5cmd = {lazy / medians['s5cmd cp']:.2f}")
     print(f"  ours / aws            = {ours / medians['aws s3 cp --recursive']:.2f}")
+    gib = lock.size / (1 << 30)
+    path = bar_chart(
+        "fetch",
+        f"Fetch of {len(lock.files)} files, {gib:.2f} GiB from local SeaweedFS"
+        f" (median of {args.runs}, {os.cpu_count()} cores)",
+        "seconds (lower is better)",
+        medians,
+    )
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":

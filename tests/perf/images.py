@@ -24,6 +24,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests" / "perf"))
+
+from plot import bar_chart  # noqa: E402
 
 from pipelines import stack  # noqa: E402
 from pipelines.images.build import RECEIPT, build_and_push, plan_image  # noqa: E402
@@ -105,6 +108,9 @@ def main() -> None:
     print(f"rebuild + normalize + push (ours): median {o:.2f} s over {args.runs}")
     print(f"plain docker build (same engine):   median {p:.2f} s over {args.runs}")
     print(f"ours / plain docker build = {o / p:.2f}")
+    values = {"sparkforge: build + normalize + push": o, "plain docker build": p}
+    title = f"Rebuild of local-sim after a one-byte change (median of {args.runs})"
+    print(f"plot: {bar_chart('images', title, 'seconds (lower is better)', values)}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from plot import bar_chart  # noqa: E402
 
 from pipelines.statcache import StatCache, hash_file  # noqa: E402
 from pipelines.steps import Engine, Step  # noqa: E402
@@ -140,6 +143,9 @@ def bench_cold(folder: Path, gib: float) -> None:
     vs_coreutils = medians["sha256sum"] / medians["sparkforge (parallel)"]
     print(f"  ratio vs single stream: {ratio:.2f}x (target >= 1.8x on {os.cpu_count()} cores)")
     print(f"  ratio vs sha256sum: {vs_coreutils:.2f}x")
+    rates = {name: size / t / GB for name, t in medians.items()}
+    title = f"Hashing {size / (1 << 30):.2f} GiB in page cache ({os.cpu_count()} cores)"
+    print(f"plot: {bar_chart('keying', title, 'GB/s (higher is better)', rates)}")
 
 
 def main() -> None:

@@ -1,0 +1,33 @@
+"""Bar charts of benchmark medians, written next to the scripts as tests/perf/out/<name>.png."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+OUT = Path(__file__).resolve().parent / "out"
+
+
+def bar_chart(name: str, title: str, unit: str, values: dict[str, float]) -> Path:
+    """One horizontal bar per tool (ours first), the value printed on each; returns the path."""
+    OUT.mkdir(exist_ok=True)
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(values) + 1.2))
+    labels = list(values)[::-1]
+    bars = ax.barh(
+        labels,
+        [values[k] for k in labels],
+        color=["#4c72b0" if "sparkforge" in k or "ours" in k else "#999999" for k in labels],
+    )
+    ax.bar_label(bars, fmt="%.2f", padding=3)
+    ax.set_xlabel(unit)
+    ax.set_title(title)
+    ax.margins(x=0.15)
+    fig.tight_layout()
+    path = OUT / f"{name}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
