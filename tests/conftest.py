@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from pipelines import stack as local_stack
+
+# The measurement helpers of tests/perf/ (read_chars, the full-size model shape) serve the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "perf"))
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from keying import read_chars
+
 from pipelines.keys import key_material, step_key
 from pipelines.statcache import StatCache
 from pipelines.steps import Engine, Step
@@ -145,14 +147,6 @@ def test_key_is_the_same_for_the_same_material_in_any_order():
     b = key_material("r", 1, {"y": [1, 2], "x": 1}, {"f": "0" * 64}, {"d": "1" * 64})
     assert step_key(a) == step_key(b)
     assert step_key(a) != step_key({**a, "version": 2})
-
-
-def read_chars() -> int:
-    """Bytes this process has read through read() calls so far."""
-    for line in Path("/proc/self/io").read_text().splitlines():
-        if line.startswith("rchar:"):
-            return int(line.split()[1])
-    raise AssertionError("no rchar in /proc/self/io")
 
 
 def test_unchanged_multi_gib_file_is_keyed_again_without_reading_it(tmp_path):

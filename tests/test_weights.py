@@ -19,6 +19,7 @@ from pathlib import Path
 import boto3
 import botocore.config
 import pytest
+from keying import read_chars
 
 from pipelines.errors import PipelineError
 from pipelines.progress import NoProgress
@@ -40,12 +41,6 @@ from pipelines.weights.synthetic import SyntheticShape, model_names, upload_synt
 
 REPO = Path(__file__).resolve().parent.parent
 BIG = "model-00047-of-00048.safetensors"
-
-
-def read_chars() -> int:
-    """Bytes read through read() by this process so far."""
-    line = next(x for x in Path("/proc/self/io").read_text().splitlines() if x.startswith("rchar"))
-    return int(line.split()[1])
 
 
 def fetch(client, lock, blobs, **options):
@@ -186,7 +181,6 @@ def test_fetch_killed_mid_file_resumes_without_downloading_what_it_has(
 
 
 def test_no_op_check_of_a_full_size_lock_reads_no_file_bytes(tmp_path):
-    sys.path.insert(0, str(REPO / "tests" / "perf"))
     from noop import full_size_store, noop_check
 
     blobs, lock, folder = full_size_store(tmp_path)

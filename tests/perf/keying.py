@@ -57,7 +57,7 @@ def read_chars() -> int:
     for line in Path("/proc/self/io").read_text().splitlines():
         if line.startswith("rchar:"):
             return int(line.split()[1])
-    return 0
+    raise RuntimeError("no rchar in /proc/self/io")
 
 
 def bench_warm(folder: Path) -> None:
