@@ -1,65 +1,84 @@
-"""The sparkforge task graph: `doit list` shows the stages; `doit build profile=NAME` runs them."""
+"""The sparkforge task graph: `doit list` shows the stages; `doit build profile=NAME` runs them.
+
+Settings and the local stack's endpoints are read here, once, and handed to the stages; the
+stages meet only through what each publishes (a lock, an image reference, a manifests step).
+"""
 
 import os
 import sys
 
 from doit import get_var
 
-from pipelines import stack
 from pipelines.errors import PipelineError
-from pipelines.images.tasks import Images
-from pipelines.manifests import render_step
-from pipelines.profiles import load_profile, profile_step
+from pipelines.images import Images, ImageSettings
+from pipelines.profile_check import ProfileCheck
+from pipelines.profiles import load_profile
+from pipelines.render import Render
+from pipelines.settings import read_settings
 from pipelines.steps import Engine
-from pipelines.store import STORE_ENV, Store
-from pipelines.weights.tasks import Weights
+from pipelines.store import Store
+from pipelines.weights import FetchOptions, Weights, WeightsSettings
 
-ENGINE = Engine(Store())
 PROFILE_NAME = get_var("profile", "local")
+IMAGE_DIGEST = get_var("image_digest", "")
+
+
+def stack_endpoints():
+    """The local stack's registry and engine, with its S3 in the environment (local profile)."""
+    import devstack  # test equipment: only a local_stack profile reaches for it
+
+    devstack.export_s3_environment()
+    endpoints = devstack.read_endpoints()
+    return endpoints.registry, endpoints.docker_host
+
+
+def fetch_options(settings) -> FetchOptions:
+    """This node's fetch tuning: the environment's, else the defaults."""
+    default = FetchOptions()
+    mib = settings.fetch_part_mib
+    return FetchOptions(
+        part_size=int(mib * (1 << 20)) if mib else default.part_size,
+        workers=settings.fetch_workers or default.workers,
+        max_rate=settings.fetch_max_mbps * 1e6 if settings.fetch_max_mbps else None,
+        durable=settings.fetch_durable,
+    )
+
 
 try:
+    SETTINGS = read_settings(os.environ)
     PROFILE = load_profile(PROFILE_NAME)
+    ENGINE = Engine(Store(SETTINGS.store))
+    REGISTRY, DOCKER_HOST = stack_endpoints() if PROFILE.local_stack else (PROFILE.registry, None)
+    PROFILE_CHECK = ProfileCheck(PROFILE_NAME, ENGINE)
+    WEIGHTS = Weights(
+        PROFILE,
+        ENGINE,
+        WeightsSettings(SETTINGS.weights or ENGINE.store.area("weights"), fetch_options(SETTINGS)),
+    )
+    IMAGES = Images(PROFILE, ENGINE, ImageSettings(REGISTRY, DOCKER_HOST, SETTINGS.builder))
+    RENDER = Render(
+        PROFILE,
+        ENGINE,
+        WEIGHTS.outputs,
+        lambda: IMAGES.image_ref(IMAGE_DIGEST),
+        list(SETTINGS.secrets),
+        after=() if IMAGE_DIGEST else ("image",),
+    )
 except PipelineError as err:
     sys.exit(f"error: {err}")
-if PROFILE.local_stack:
-    stack.export_s3_environment()
 
-DOIT_CONFIG = {"default_tasks": ["build"]}
-if os.environ.get(STORE_ENV):
-    DOIT_CONFIG["dep_file"] = str(ENGINE.store.root / "doit.sqlite3")
+# The table of contents: each stage yields its doit tasks, in the order a build runs them.
+STAGES = (PROFILE_CHECK, WEIGHTS, IMAGES) + ((RENDER,) if RENDER.step else ())
 
-PROFILE_STEP = profile_step(PROFILE_NAME)
-WEIGHTS = Weights(PROFILE, ENGINE)
-IMAGES = Images(PROFILE, ENGINE)
-IMAGE_DIGEST = get_var("image_digest", "")
-# Rings get manifests (Kubernetes) or launch plans (Docker hosts); the local profile neither yet.
-RENDERS = PROFILE.deploy == "kubernetes" or PROFILE.runtime == "sglang"
+DOIT_CONFIG = {"default_tasks": ["build"], "dep_file": str(ENGINE.store.root / "doit.sqlite3")}
 
 
-def task_profile():
-    return ENGINE.task(PROFILE_STEP)
-
-
-def task_weights():
-    yield from WEIGHTS.tasks()
-
-
-def task_images():
-    yield from IMAGES.tasks()
-
-
-def task_render():
-    if RENDERS:
-        step = render_step(PROFILE, lambda: IMAGES.image_ref(IMAGE_DIGEST))
-        task = ENGINE.task(step)
-        task["task_dep"] = [] if IMAGE_DIGEST else ["image"]
-        return task
-    return None
+# doit finds tasks as task_* names: one per stage, each yielding that stage's tasks.
+for _stage in STAGES:
+    globals()[f"task_{_stage.name}"] = _stage.tasks
 
 
 def task_build():
     """build everything the chosen profile deploys (profile=NAME, default local)"""
-    deps = [PROFILE_STEP.name, "image", "stage_weights"]
-    if RENDERS:
-        deps.append("render")
+    deps = ["profile", "image", "stage_weights"] + (["render"] if RENDER.step else [])
     return {"actions": None, "task_dep": deps}

@@ -10,8 +10,26 @@ from doit.exceptions import InvalidCommand
 from pipelines.steps import GRAPH, Engine, Step
 
 
-def diff_material(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Lines naming each part of the key material that differs between two records."""
+def diff_files(before: dict[str, str], after: dict[str, str]) -> str:
+    """The files of a folder input that changed, were added or removed, as one clause."""
+    parts = []
+    for label, names in (
+        ("changed", [n for n in after if n in before and before[n] != after[n]]),
+        ("added", [n for n in after if n not in before]),
+        ("removed", [n for n in before if n not in after]),
+    ):
+        if names:
+            parts.append(f"{label}: {', '.join(sorted(names))}")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def diff_material(
+    old: dict[str, Any], new: dict[str, Any], files: dict[str, dict[str, str]] | None = None
+) -> list[str]:
+    """Lines naming each part of the key material that differs between two records.
+
+    For folder inputs, the files inside that differ are named too (files: the new listings).
+    """
     lines = []
     for field in ("recipe", "version"):
         if old.get(field) != new[field]:
@@ -24,7 +42,11 @@ def diff_material(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             elif name not in after:
                 lines.append(f"{section}.{name}: removed (was {short(before[name])})")
             elif before[name] != after[name]:
-                lines.append(f"{section}.{name}: {short(before[name])} -> {short(after[name])}")
+                detail = ""
+                if section == "inputs" and files and name in files:
+                    detail = diff_files(old.get("files", {}).get(name, {}), files[name])
+                line = f"{section}.{name}: {short(before[name])} -> {short(after[name])}"
+                lines.append(line + detail)
     return lines
 
 
@@ -38,8 +60,9 @@ def short(value: Any) -> str:
 def explain_step(engine: Engine, step: Step, indent: str = "") -> list[str]:
     """Why step would run (or that it would not), following changed dependencies down."""
     key = engine.key(step)
-    if engine.store.has(key):
-        return [f"{indent}{step.name}: up to date ({key[:16]} is stored)"]
+    if engine.is_done(step):
+        where = engine.cache(step).name
+        return [f"{indent}{step.name}: up to date ({key[:16]} is in the {where})"]
     records = engine.store.records_for(step.name)
     if not records:
         return [f"{indent}{step.name}: would run: no output of this step is stored yet"]
@@ -49,7 +72,8 @@ def explain_step(engine: Engine, step: Step, indent: str = "") -> list[str]:
         f" against the newest stored output ({newest['key'][:16]}):"
     ]
     material = engine.material(step)
-    lines += [f"{indent}  {line}" for line in diff_material(newest, material)]
+    files = engine.listings(step)
+    lines += [f"{indent}  {line}" for line in diff_material(newest, material, files)]
     for dep in step.deps:
         if newest.get("deps", {}).get(dep.name) != material["deps"][dep.name]:
             lines += explain_step(engine, dep, indent + "    ")

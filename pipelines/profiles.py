@@ -9,11 +9,8 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from pipelines.errors import PipelineError
-from pipelines.keys import canonical_json
+from pipelines.paths import PROFILES_DIR
 from pipelines.schema import Strict, load_yaml_model
-from pipelines.steps import Step, StepRun
-
-PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$", max_length=63)]
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -259,21 +256,3 @@ def parse_profile(path: Path) -> Profile:
             f"{path}: field 'name': expected {path.stem!r} (the file name), got {profile.name!r}"
         )
     return profile
-
-
-def profile_step(name: str, folder: Path = PROFILES_DIR) -> Step:
-    """The keyed step that validates a profile and stores it as canonical JSON for later steps."""
-
-    def write_profile(run: StepRun) -> None:
-        profile = load_profile(name, folder)
-        (run.out / "profile.json").write_bytes(canonical_json(profile.model_dump(mode="json")))
-
-    return Step(
-        name="profile",
-        recipe="profile",
-        version=1,
-        doc="validate the chosen profile and store it, keyed by its content",
-        action=write_profile,
-        params={"profile": name},
-        inputs={"profile": profile_path(name, folder)},
-    )

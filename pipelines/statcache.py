@@ -13,9 +13,9 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from pipelines.files import hash_file
 from pipelines.keys import canonical_json
 
-CHUNK = 4 << 20
 # File timestamps come from a coarse kernel clock (a few ms per tick). An entry recorded within
 # the same tick as the file's last change could miss a later same-size write in that tick, so
 # recording waits until the file's ctime is at least this old (git calls this "racy clean").
@@ -27,17 +27,6 @@ StatKey = tuple[int, int, int, int, int]
 def stat_key(st: os.stat_result) -> StatKey:
     """The stat fields that change whenever a file's content can have changed."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def hash_file(path: Path) -> str:
-    """sha256 of a file, read in large chunks (hashlib releases the GIL for them)."""
-    digest = hashlib.sha256()
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            digest.update(view[:n])
-    return digest.hexdigest()
 
 
 class StatCache:
@@ -154,6 +143,10 @@ class StatCache:
 
     def digest_tree(self, root: Path, exclude: Iterable[str] = ()) -> str:
         """One digest for a folder: relative paths, executable bits, link targets, file digests."""
+        return self.tree_listing(root, exclude)[0]
+
+    def tree_listing(self, root: Path, exclude: Iterable[str] = ()) -> tuple[str, dict[str, str]]:
+        """(digest of the folder, relative path -> file digest or link target) for explain."""
         root = Path(root).absolute()
         skip = set(exclude)
         files: list[Path] = []
@@ -175,4 +168,5 @@ class StatCache:
         listing = [
             [rel, kind, digests[ref] if kind != "link" else ref] for rel, kind, ref in entries
         ]
-        return hashlib.sha256(canonical_json(sorted(listing))).hexdigest()
+        digest = hashlib.sha256(canonical_json(sorted(listing))).hexdigest()
+        return digest, {rel: value for rel, _, value in sorted(listing)}

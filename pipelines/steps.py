@@ -1,4 +1,9 @@
-"""Steps keyed by their inputs, and their wiring into doit's task graph."""
+"""Steps keyed by their inputs, and their wiring into doit's task graph.
+
+The engine imports no stage and no outside-world library: a stage translates the errors of
+the services it talks to into PipelineError where they happen, and brings its own cache
+backend (the registry) when its output does not live in the store.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +11,34 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-import botocore.exceptions
-import docker.errors
-import requests
 from doit.exceptions import TaskFailed
 
 from pipelines.errors import PipelineError
 from pipelines.keys import key_material, step_key
-from pipelines.store import REPO_ROOT, Store
+from pipelines.paths import REPO_ROOT
+from pipelines.statcache import StatCache
+from pipelines.store import Store
+
+
+class Cache(Protocol):
+    """Where a step's output lives once complete: the store, a registry, a remote cache."""
+
+    name: str
+
+    def has(self, key: str) -> bool:
+        """True when complete output for key is there."""
+
+    def publish(self, key: str, work: Path, record: dict[str, Any]) -> None:
+        """Make the finished work folder (its out/) the output of key, all or nothing."""
+
+
+class Input(Protocol):
+    """An input that digests itself (e.g. a build context with its ignore rules)."""
+
+    def digest(self, statcache: StatCache) -> tuple[str, dict[str, str]]:
+        """(digest, name -> file digest) of what the step reads."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -29,8 +52,14 @@ class Step:
     action: Callable[[StepRun], None]
     # A callable is called when the key is first needed: for values another task produces.
     params: Mapping[str, Any] | Callable[[], Mapping[str, Any]] = field(default_factory=dict)
-    inputs: Mapping[str, Path] = field(default_factory=dict)
+    inputs: Mapping[str, Path | Input] = field(default_factory=dict)
     deps: tuple[Step, ...] = ()
+    # Digests of published outputs made elsewhere (a base image pinned by digest): key deps.
+    pins: Callable[[], Mapping[str, str]] | None = None
+    # Where the output lives; None for the store.
+    cache: Cache | None = None
+    # doit tasks to run first that are not keyed steps (their outputs enter through params).
+    after: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -41,6 +70,7 @@ class StepRun:
     out: Path
     dep_outputs: Mapping[str, Path]
     params: Mapping[str, Any]
+    key: str = ""
 
     def dep(self, name: str) -> Path:
         """The output folder of the dependency called name."""
@@ -52,68 +82,87 @@ GRAPH: dict[str, tuple[Engine, Step]] = {}
 
 
 class Engine:
-    """Computes step keys (once per process) and runs steps through the store."""
+    """Computes step keys (once per process) and runs steps through the store or their cache."""
 
-    def __init__(self, store: Store | None = None, root: Path = REPO_ROOT):
-        self.store = store or Store()
+    def __init__(self, store: Store, root: Path = REPO_ROOT):
+        self.store = store
         self.root = Path(root)
         self._materials: dict[str, dict[str, Any]] = {}
+        self._files: dict[str, dict[str, dict[str, str]]] = {}
 
-    def input_digests(self, step: Step) -> dict[str, str]:
-        """Content digests of a step's input files and folders, by input name."""
-        paths = {name: self._resolve(path) for name, path in step.inputs.items()}
-        for name, path in paths.items():
+    def input_digests(self, step: Step) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+        """(digest by input name, file listing by folder input name) of a step's inputs."""
+        statcache = self.store.statcache
+        digests: dict[str, str] = {}
+        listings: dict[str, dict[str, str]] = {}
+        paths = {}
+        for name, source in step.inputs.items():
+            if not isinstance(source, Path):
+                digests[name], listings[name] = source.digest(statcache)
+                continue
+            path = (self.root / source).absolute()
             if not path.exists():
                 raise PipelineError(f"step {step.name}: input {name!r} not found: {path}")
-        files = [p for p in paths.values() if not p.is_dir()]
-        file_digests = self.store.statcache.digest_files(files)
-        return {
-            name: self.store.statcache.digest_tree(path) if path.is_dir() else file_digests[path]
-            for name, path in paths.items()
-        }
+            if path.is_dir():
+                digests[name], listings[name] = statcache.tree_listing(path)
+            else:
+                paths[name] = path
+        files = statcache.digest_files(paths.values())
+        digests.update((name, files[path]) for name, path in paths.items())
+        return dict(sorted(digests.items())), listings
 
     def material(self, step: Step) -> dict[str, Any]:
         """The key material of a step (memoized: inputs are digested once per process)."""
         if step.name not in self._materials:
             params = step.params() if callable(step.params) else step.params
+            digests, listings = self.input_digests(step)
+            deps = {dep.name: self.key(dep) for dep in step.deps}
+            deps.update(step.pins() if step.pins else {})
             self._materials[step.name] = key_material(
-                step.recipe,
-                step.version,
-                params,
-                self.input_digests(step),
-                {dep.name: self.key(dep) for dep in step.deps},
+                step.recipe, step.version, params, digests, deps
             )
+            self._files[step.name] = listings
         return self._materials[step.name]
+
+    def listings(self, step: Step) -> dict[str, dict[str, str]]:
+        """The files inside each folder input of a step (not part of the key; for explain)."""
+        self.material(step)
+        return self._files[step.name]
 
     def key(self, step: Step) -> str:
         """The step's key."""
         return step_key(self.material(step))
 
+    def cache(self, step: Step) -> Cache:
+        """The backend holding the step's output."""
+        return step.cache or self.store
+
     def is_done(self, step: Step) -> bool:
-        """True when output for the step's current key is stored."""
-        return self.store.has(self.key(step))
+        """True when output for the step's current key exists where the step keeps it."""
+        return self.cache(step).has(self.key(step))
 
     def output(self, step: Step) -> Path:
-        """The stored output folder of a step that is done."""
+        """The stored output folder of a step that is done (store-backed steps)."""
         return self.store.output_dir(self.key(step))
 
     def run(self, step: Step) -> Path:
-        """Produce the step's output (or find it stored) and return its folder."""
+        """Produce the step's output (or find it done) and return its store folder."""
         key = self.key(step)
         dep_outputs = {dep.name: self.output(dep) for dep in step.deps}
-        record = {"name": step.name, **self.material(step)}
+        material = self.material(step)
+        record = {"name": step.name, **material, "files": self._files[step.name]}
         started = time.monotonic()
         out, built = self.store.build(
             key,
             record,
-            lambda out: step.action(StepRun(step, out, dep_outputs, record["params"])),
+            lambda out: step.action(StepRun(step, out, dep_outputs, material["params"], key)),
+            self.cache(step),
         )
         took = time.monotonic() - started
-        print(f"{step.name}: {'built' if built else 'stored'} {key[:16]} ({took:.2f} s)")
+        where = "" if step.cache is None else f" in {step.cache.name}"
+        state = "built" if built else "found"
+        print(f"{step.name}: {state} {key[:16]}{where} ({took:.2f} s)")
         return out
-
-    def _resolve(self, path: Path) -> Path:
-        return (self.root / path).absolute()
 
     def task(self, step: Step, **extra: Any) -> dict[str, Any]:
         """The doit task dict of a step: staleness decided by its key, never by doit's MD5."""
@@ -123,41 +172,46 @@ class Engine:
             "doc": step.doc,
             "actions": [(self._doit_action, [step])],
             "uptodate": [lambda: self._uptodate(step)],
-            "task_dep": [dep.name for dep in step.deps],
+            "task_dep": [dep.name for dep in step.deps] + list(step.after),
             "verbosity": 2,
             **extra,
         }
 
     def _uptodate(self, step: Step) -> bool:
         try:
-            return self.is_done(step)
+            done = self.is_done(step)
         except PipelineError:
             return False  # the action reports the error in one line
+        if done:
+            self.remember_found(step)
+        return done
+
+    def remember_found(self, step: Step) -> None:
+        """Keep the record of output found done (built elsewhere: the registry, another
+        runner), so that `explain` can later say what changed since."""
+        key = self.key(step)
+        if not self.store.has_record(step.name, key):
+            now = time.time()
+            record = {"name": step.name, **self.material(step), "files": self._files[step.name]}
+            self.store.remember({**record, "key": key, "started": now, "finished": now})
 
     def _doit_action(self, step: Step) -> dict[str, str] | TaskFailed:
         failed = as_doit_action(lambda: self.run(step))()
         return failed or {"key": self.key(step)}
 
 
-# Failures of the outside world (disk, network, S3, registry, engine) a person can act on.
-OUTSIDE_ERRORS = (
-    OSError,
-    botocore.exceptions.BotoCoreError,
-    botocore.exceptions.ClientError,
-    requests.RequestException,
-    docker.errors.DockerException,
-)
-
-
 def as_doit_action(work: Callable[[], Any]) -> Callable[[], Any]:
-    """A doit action that reports a failure as one line and a failed task (no traceback)."""
+    """A doit action that reports a failure as one line and a failed task (no traceback).
+
+    Stages turn their services' errors into PipelineError; OSError is the disk's own.
+    """
 
     def action():
         try:
             work()
         except PipelineError as err:
             return TaskFailed(str(err))
-        except OUTSIDE_ERRORS as err:
+        except OSError as err:
             return TaskFailed(f"{type(err).__name__}: {err}")
 
     return action
@@ -170,7 +224,7 @@ def side_task(
     uptodate: Callable[[], bool] | None = None,
     deps: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """A doit task whose output lives outside the store (S3, blobs, registry).
+    """A doit task whose output lives outside the store (S3, blobs, a staged folder).
 
     Its uptodate check asks that place directly; without one the task runs when asked.
     """

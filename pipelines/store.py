@@ -13,61 +13,44 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from pipelines.files import fsync_dir, fsync_tree, write_atomic
 from pipelines.statcache import StatCache
 
-STORE_ENV = "SPARKFORGE_STORE"
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def default_store_root() -> Path:
-    """The store folder: $SPARKFORGE_STORE, else `.store/` in the checkout."""
-    return Path(os.environ.get(STORE_ENV) or REPO_ROOT / ".store").absolute()
-
-
-def fsync_tree(root: Path) -> None:
-    """Flush every file and folder below root to disk, so a rename publishes durable bytes."""
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            if os.path.islink(path):
-                continue
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(Path(dirpath))
-
-
-def fsync_dir(path: Path) -> None:
-    """Flush a folder's entries (new names, renames) to disk."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write a small file whole or not at all: temp file, fsync, rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+# Folders the store keeps for itself; stages get their own through `area`.
+OWN = ("steps", "tmp", "locks", "records")
 
 
 class Store:
-    """One folder of step outputs by key, with a stat cache and doit's database beside them."""
+    """One folder of step outputs by key, with named areas, temp folders and a stat cache.
 
-    def __init__(self, root: Path | None = None):
-        self.root = Path(root).absolute() if root else default_store_root()
-        for sub in ("steps", "tmp", "locks", "index"):
+    It is also the local backend of the engine's cache interface (`has`, `publish`).
+    """
+
+    name = "store"
+
+    def __init__(self, root: Path):
+        self.root = Path(root).absolute()
+        for sub in OWN:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.statcache = StatCache(self.root / "statcache.sqlite3")
+
+    def area(self, name: str) -> Path:
+        """A folder of the store that one stage owns (its blobs, its layer cache), made on use."""
+        if name in OWN or "/" in name or name.startswith("."):
+            raise ValueError(f"store area {name!r}: reserved or not a plain name")
+        folder = self.root / name
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    @contextlib.contextmanager
+    def temp_dir(self, prefix: str) -> Iterator[Path]:
+        """A fresh folder on the store's filesystem (renames into the store stay atomic)."""
+        work = self.root / "tmp" / f"{prefix}.{os.getpid()}.{time.monotonic_ns()}"
+        work.mkdir(parents=True)
+        try:
+            yield work
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
     def step_dir(self, key: str) -> Path:
         """Where the output and record of a key live once complete."""
@@ -81,19 +64,28 @@ class Store:
         """True when complete output for key is stored."""
         return (self.step_dir(key) / "step.json").is_file()
 
-    def record(self, key: str) -> dict[str, Any] | None:
-        """The record written with the output of key, or None."""
-        try:
-            return json.loads((self.step_dir(key) / "step.json").read_text())
-        except FileNotFoundError:
-            return None
+    def publish(self, key: str, work: Path, record: dict[str, Any]) -> None:
+        """Make a finished work folder (holding out/) the output of key: fsync, then rename."""
+        (work / "step.json").write_text(json.dumps(record, indent=2, sort_keys=True))
+        fsync_tree(work)
+        os.rename(work, self.step_dir(key))
+        fsync_dir(self.step_dir(key).parent)
+
+    def remember(self, record: dict[str, Any]) -> None:
+        """Keep the record of a finished step (what `explain` compares against), any backend."""
+        folder = self.root / "records" / quote(record["name"], safe="")
+        write_atomic(folder / f"{record['key']}.json", json.dumps(record, sort_keys=True).encode())
+
+    def has_record(self, name: str, key: str) -> bool:
+        """True when the record of a step's key is kept."""
+        return (self.root / "records" / quote(name, safe="") / f"{key}.json").is_file()
 
     def records_for(self, name: str) -> list[dict[str, Any]]:
-        """Records of every stored output of a step, newest first."""
-        folder = self.root / "index" / quote(name, safe="")
+        """Records of every finished run of a step, newest first."""
+        folder = self.root / "records" / quote(name, safe="")
         if not folder.is_dir():
             return []
-        records = [r for r in (self.record(k.name) for k in folder.iterdir()) if r]
+        records = [json.loads(p.read_text()) for p in folder.glob("*.json")]
         return sorted(records, key=lambda r: r["finished"], reverse=True)
 
     @contextlib.contextmanager
@@ -106,43 +98,35 @@ class Store:
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
-    def build(
-        self, key: str, record: dict[str, Any], action: Callable[[Path], None]
-    ) -> tuple[Path, bool]:
-        """Run action into a temp folder and publish it under key; (output, built) when done.
-
-        A concurrent builder of the same key is waited for, then its output is used.
-        """
-        if self.has(key):
-            return self.output_dir(key), False
-        with self.lock(key):
-            if self.has(key):
-                return self.output_dir(key), False
-            self._remove_leftovers(key)
-            work = self.root / "tmp" / f"{key}.{os.getpid()}"
-            (work / "out").mkdir(parents=True)
-            started = time.time()
-            try:
-                action(work / "out")
-                finished = time.time()
-                full = {**record, "key": key, "started": started, "finished": finished}
-                (work / "step.json").write_text(json.dumps(full, indent=2, sort_keys=True))
-                fsync_tree(work)
-                self._index(record["name"], key)
-                os.rename(work, self.step_dir(key))
-                fsync_dir(self.step_dir(key).parent)
-            except BaseException:
-                shutil.rmtree(work, ignore_errors=True)
-                raise
-        return self.output_dir(key), True
-
-    def _index(self, name: str, key: str) -> None:
-        """Note that name produced key (read by explain; entries without output are ignored)."""
-        folder = self.root / "index" / quote(name, safe="")
-        folder.mkdir(exist_ok=True)
-        (folder / key).touch()
-
-    def _remove_leftovers(self, key: str) -> None:
-        """Delete temp folders of key left by a killed builder (we hold the key's lock)."""
+    def remove_leftovers(self, key: str) -> None:
+        """Delete temp folders of key left by a killed builder (the caller holds key's lock)."""
         for stale in (self.root / "tmp").glob(f"{key}.*"):
             shutil.rmtree(stale, ignore_errors=True)
+
+    def build(
+        self,
+        key: str,
+        record: dict[str, Any],
+        action: Callable[[Path], None],
+        cache: Any = None,
+    ) -> tuple[Path, bool]:
+        """Run action into a temp folder and publish it under key in cache (default: here).
+
+        Check, lock, check again, build, publish, record: a concurrent builder of the same key
+        is waited for and its output used; a failure leaves nothing behind. (work, built).
+        """
+        cache = cache or self
+        if cache.has(key):
+            return self.output_dir(key), False
+        with self.lock(key):
+            if cache.has(key):
+                return self.output_dir(key), False
+            self.remove_leftovers(key)
+            with self.temp_dir(key) as work:
+                (work / "out").mkdir()
+                started = time.time()
+                action(work / "out")
+                full = {**record, "key": key, "started": started, "finished": time.time()}
+                cache.publish(key, work, full)
+            self.remember(full)
+        return self.output_dir(key), True

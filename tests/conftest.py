@@ -1,4 +1,4 @@
-"""Shared fixtures: the local stack of real services on 127.0.0.1 (pipelines/stack.py)."""
+"""Shared fixtures: the local stack of real services on 127.0.0.1 (devstack/)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import stack as local_stack
-
-# The measurement helpers of tests/perf/ (read_chars, the full-size model shape) serve the tests.
+# devstack/ is test equipment, not in the installed package (which maps pipelines/ only): it is
+# found from the checkout. The measurement helpers of tests/perf/ (read_chars, the full-size
+# model shape) serve the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "perf"))
+
+import devstack as local_stack  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.statcache import StatCache
-from pipelines.weights.fetch import BlobStore
+from pipelines.weights.blobs import BlobStore
 from pipelines.weights.lock import cache_key, load_lock, lock_path
 
 REPO = Path(__file__).resolve().parent.parent

@@ -13,24 +13,33 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-from pipelines import stack as local_stack
-from pipelines.images.base import base_key, base_repository, build_base, debian_arch
+import devstack as local_stack
+from pipelines.images import Images, ImageSettings
 from pipelines.images.build import (
     RECEIPT,
-    build_and_push,
+    build_image,
     buildx_available,
     buildx_command,
     choose_builder,
-    engine_build,
-    plan_image,
+    git_revision,
 )
 from pipelines.images.dockerfile import check_contents, check_froms
-from pipelines.images.oci import normalize_saved_image
-from pipelines.images.registry import Registry
+from pipelines.images.registry import Registry, RegistryCache
 from pipelines.images.spec import ImageError, load_image
-from pipelines.statcache import StatCache
+from pipelines.profiles import load_profile
+from pipelines.settings import read_settings
+from pipelines.steps import Engine
+from pipelines.store import Store
 
 WRITES = re.compile(r'"(PUT|POST|PATCH) /v2/')
+
+
+class ImagesOf(Images):
+    """The images stage of a profile with its image read from another folder (a copy)."""
+
+    def __init__(self, folder: Path, engine: Engine, settings: ImageSettings, profile="local"):
+        self.image = load_image(folder.name, folder.parent)  # before the steps are made
+        super().__init__(load_profile(profile), engine, settings)
 
 
 @pytest.fixture(scope="session")
@@ -40,19 +49,23 @@ def registry(stack):
 
 
 @pytest.fixture(scope="session")
-def local_base(stack, registry, tmp_path_factory):
+def settings(stack):
+    """The images settings of the local profile: the stack's registry and engine."""
+    return ImageSettings(stack.registry, stack.docker_host)
+
+
+@pytest.fixture(scope="session")
+def local_base(stack, registry, settings, tmp_path_factory):
     """The debootstrap base of local-sim, built once (the registry keeps it by key)."""
-    spec = load_image("local-sim").spec
-    repo, tag = (
-        base_repository(spec.base.local),
-        f"key-{base_key(spec.base.local, debian_arch())[:32]}",
-    )
-    digest = registry.manifest_digest(repo, tag)
-    if digest is None:
-        work = tmp_path_factory.mktemp("base")
-        image = build_base(spec.base.local, debian_arch(), spec.source_date_epoch, work)
-        digest = registry.push_image(repo, image, [tag])
-    return f"{stack.registry}/{repo}@{digest}"
+    engine = Engine(Store(tmp_path_factory.mktemp("base-store")))
+    images = Images(load_profile("local"), engine, settings)
+    engine.run(images.base_step)  # found in the registry, else debootstrapped and pushed
+    ref = images.base_ref()
+    repository, digest = images.base_step.cache.repository, ref.rsplit("@", 1)[1]
+    tag = RegistryCache.key_tag(engine.key(images.base_step))
+    assert registry.manifest_digest(repository, tag) == digest
+    assert ref == f"{stack.registry}/{repository}@{digest}"
+    return ref
 
 
 @pytest.fixture
@@ -91,17 +104,26 @@ def test_unpinned_from_is_refused_with_file_line_and_expectation(tmp_path):
     assert check_froms(dockerfile, dockerfile.read_text(), {"BASE": pinned}) == [pinned]
 
 
+def gb10_images(name: str, registry: str, store: Path) -> Images:
+    """The images stage of a ring profile running the image `name`, pushing to registry."""
+    profile = load_profile("tp3-ring").model_copy(update={"image": name})
+    return Images(profile, Engine(Store(store)), ImageSettings(registry))
+
+
 @pytest.mark.parametrize("name", ["vllm-gb10-dsv41-exl3", "sglang-gb10-dsv41"])
 def test_gb10_image_plans_pass_their_static_checks(name, tmp_path):
-    image = load_image(name)
-    plan = plan_image(image, "ghcr.io/lab", image.spec.base.image, StatCache(tmp_path / "c.db"))
+    images = gb10_images(name, "ghcr.io/lab", tmp_path / "c")
+    assert images.base_step is None  # a pinned base: nothing to build here
+    plan = images.plan()
+    assert plan.key == images.engine.key(images.image_step)
+    assert plan.repository == f"lab/sparkforge/{name}"
     assert plan.platform == "linux/arm64"
     assert "@sha256:" in plan.base
-    text = image.dockerfile.read_text()
+    text = images.image.dockerfile.read_text()
     assert "TORCH_CUDA_ARCH_LIST=12.1a" in text and "MAX_JOBS=1" in text
     assert plan.invocation()[:2] == ["env", "SOURCE_DATE_EPOCH=1764460800"]
     assert f"SPARKFORGE_IMAGE_KEY={plan.key}" in plan.invocation()
-    again = plan_image(image, "other.registry", image.spec.base.image, StatCache(tmp_path / "d"))
+    again = gb10_images(name, "other.registry", tmp_path / "d").plan()
     assert again.key == plan.key  # the key does not depend on where the image is pushed
 
 
@@ -116,51 +138,63 @@ def test_sglang_image_refuses_a_second_visible_nccl(tmp_path):
 
 
 def test_local_sim_is_built_once_per_key_and_a_changed_byte_rebuilds(
-    stack, registry, local_base, sim_copy, docker_client, tmp_path
+    stack, registry, settings, local_base, sim_copy, docker_client, tmp_path, capsys
 ):
     stack_dir = local_stack.resolve_dir()
-    cache = StatCache(tmp_path / "c.db")
-    plan = plan_image(load_image("local-sim", sim_copy.parent), stack.registry, local_base, cache)
-    digest, built = build_and_push(docker_client, registry, plan)
-    assert built
-    assert registry.manifest_digest(plan.repository, plan.key_tag) == digest
+    store = Store(tmp_path / "store")  # one store (and stat cache) across the "runs" below
+    engine = Engine(store)
+    images = ImagesOf(sim_copy, engine, settings)
+    key = engine.key(images.image_step)
+    repository = images.image_step.cache.repository
+    assert repository == "sparkforge/local-sim"
+    assert registry.manifest_digest(repository, RegistryCache.key_tag(key)) is None
+    capsys.readouterr()
+    engine.run(images.image_step)
+    assert f"image: built {key[:16]} in registry" in capsys.readouterr().out
+    digest = registry.manifest_digest(repository, RegistryCache.key_tag(key))
+    assert digest is not None
+    assert registry.manifest_digest(repository, f"candidate-{git_revision()}") is not None
+    assert images.image_ref() == f"{stack.registry}/{repository}@{digest}"
+    assert images.plan().base == local_base
 
+    # A second run (a new process: a fresh engine) finds the key in the registry.
     since, writes = time.time(), registry_writes(stack_dir)
-    again, built = build_and_push(docker_client, registry, plan)
-    assert (again, built) == (digest, False)
+    engine = Engine(store)
+    again = ImagesOf(sim_copy, engine, settings)
+    assert engine.key(again.image_step) == key
+    assert engine.is_done(again.image_step)
+    engine.run(again.image_step)
+    assert f"image: found {key[:16]} in registry" in capsys.readouterr().out
+    assert again.image_ref() == f"{stack.registry}/{repository}@{digest}"
     assert engine_events(docker_client, since) == []  # no build, no container, no tag
     assert registry_writes(stack_dir) == writes  # no push
 
     server = sim_copy / "server.py"
     server.write_bytes(server.read_bytes().replace(b"Test equipment", b"Test Equipment"))
-    changed = plan_image(
-        load_image("local-sim", sim_copy.parent), stack.registry, local_base, cache
-    )
-    assert changed.key != plan.key
-    assert build_and_push(docker_client, registry, changed)[1] is True
+    engine = Engine(store)
+    changed = ImagesOf(sim_copy, engine, settings)
+    changed_key = engine.key(changed.image_step)
+    assert changed_key != key
+    assert not engine.is_done(changed.image_step)
+    engine.run(changed.image_step)
+    assert f"image: built {changed_key[:16]} in registry" in capsys.readouterr().out
+    changed_digest = registry.manifest_digest(repository, RegistryCache.key_tag(changed_key))
+    assert changed_digest not in (None, digest)
 
 
 def test_two_clean_builds_give_one_digest_where_plain_docker_build_gives_two(
-    stack, local_base, sim_copy, docker_client, tmp_path
+    stack, settings, local_base, sim_copy, docker_client, tmp_path
 ):
     if "docker" not in stack.started:
         pytest.skip("the engine is not the stack's own: its images are not ours to wipe")
-    plan = plan_image(
-        load_image("local-sim", sim_copy.parent),
-        stack.registry,
-        local_base,
-        StatCache(tmp_path / "c"),
-    )
+    plan = ImagesOf(sim_copy, Engine(Store(tmp_path / "store")), settings).plan()
     # A plain `docker build` of the same folder needs the receipt writer in it too.
     shutil.copyfile(RECEIPT, sim_copy / "sparkforge-receipt.py")
     digests, plain_ids = [], []
     for _ in range(2):
         wipe_engine(docker_client)
         with tempfile.TemporaryDirectory(dir=tmp_path) as work:
-            engine_build(docker_client, plan, Path(work) / "saved.tar")
-            digests.append(
-                normalize_saved_image(Path(work) / "saved.tar", plan.epoch, Path(work)).digest
-            )
+            digests.append(build_image(docker_client, plan, "engine", Path(work)).digest)
         image, _ = docker_client.images.build(
             path=str(sim_copy), buildargs={"BASE": local_base}, nocache=True, network_mode="host"
         )
@@ -168,6 +202,21 @@ def test_two_clean_builds_give_one_digest_where_plain_docker_build_gives_two(
         docker_client.images.remove(image.id, force=True)
     assert digests[0] == digests[1]
     assert plain_ids[0] != plain_ids[1]
+
+
+def test_a_clean_build_of_local_sim_gives_the_digest_the_registry_holds_for_its_key(
+    stack, registry, settings, local_base, docker_client, tmp_path
+):
+    # Reproducible across runs, machines and versions of this code: the registry's image of
+    # a key was built before (by an earlier version, maybe), and a build now must match it.
+    engine = Engine(Store(tmp_path / "store"))
+    images = Images(load_profile("local"), engine, settings)
+    engine.run(images.image_step)  # the registry holds the key from now on (built, or found)
+    pushed = images.image_ref().rsplit("@", 1)[1]
+    if "docker" in stack.started:
+        wipe_engine(docker_client)  # no cached steps: a clean build
+    with tempfile.TemporaryDirectory(dir=tmp_path) as work:
+        assert build_image(docker_client, images.plan(), "engine", Path(work)).digest == pushed
 
 
 def wipe_engine(client) -> None:
@@ -183,7 +232,7 @@ def wipe_engine(client) -> None:
 
 
 def test_failing_run_step_names_the_step_and_shows_the_log_tail(
-    stack, local_base, sim_copy, docker_client, tmp_path
+    stack, registry, settings, local_base, sim_copy, tmp_path
 ):
     dockerfile = sim_copy / "Dockerfile"
     dockerfile.write_text(
@@ -191,18 +240,16 @@ def test_failing_run_step_names_the_step_and_shows_the_log_tail(
             "RUN python3", "RUN echo about to fail && exit 3\nRUN python3"
         )
     )
-    plan = plan_image(
-        load_image("local-sim", sim_copy.parent),
-        stack.registry,
-        local_base,
-        StatCache(tmp_path / "c"),
-    )
+    engine = Engine(Store(tmp_path / "store"))
+    images = ImagesOf(sim_copy, engine, settings)
     with pytest.raises(ImageError) as err:
-        engine_build(docker_client, plan, tmp_path / "saved.tar")
+        engine.run(images.image_step)
     message = str(err.value)
     assert "build failed at Step 6/9 : RUN echo about to fail && exit 3" in message
     assert "about to fail" in message.split("log tail:")[1]
     assert "\n" not in message
+    key_tag = RegistryCache.key_tag(engine.key(images.image_step))
+    assert registry.manifest_digest(images.image_step.cache.repository, key_tag) is None
 
 
 def test_unreachable_registry_is_one_clear_line():
@@ -221,14 +268,17 @@ def test_context_tar_ignores_what_dockerignore_lists(tmp_path):
     assert "keep.txt" in context_files(tmp_path, {})
 
 
-def test_builder_is_the_engine_here_and_buildx_builds_from_the_plan(monkeypatch, tmp_path):
+def test_builder_is_the_engine_here_and_buildx_builds_from_the_plan(tmp_path):
     assert not buildx_available()  # no buildx on these machines: the engine builds
     assert choose_builder(has_engine=True) == "engine"
-    monkeypatch.setenv("SPARKFORGE_BUILDER", "kaniko")
+    assert choose_builder(has_engine=False) == "engine"  # no buildx either: nothing else
+    builder = read_settings({"SPARKFORGE_BUILDER": "kaniko"}).builder
     with pytest.raises(ImageError, match="expected one of engine, buildx"):
-        choose_builder(has_engine=True)
-    image = load_image("vllm-gb10-dsv41-exl3")
-    plan = plan_image(image, "ghcr.io", image.spec.base.image, StatCache(tmp_path / "c"))
+        choose_builder(True, builder)
+    assert choose_builder(True, read_settings({"SPARKFORGE_BUILDER": "buildx"}).builder) == (
+        "buildx"
+    )
+    plan = gb10_images("vllm-gb10-dsv41-exl3", "ghcr.io", tmp_path / "c").plan()
     command = buildx_command(plan, Path("/ctx"), "/out/saved.tar")
     assert command[:5] == ["docker", "buildx", "build", "--platform", "linux/arm64"]
     assert command[-2:] == ["type=docker,dest=/out/saved.tar,rewrite-timestamp=true", "/ctx"]

@@ -93,3 +93,54 @@ def test_tp3_padding_on_a_tensor_size_it_does_not_fit_is_refused(tmp_path):
     folder = copy_profile(tmp_path, "tp4-ring", "config_patch: none", "config_patch: tp3-heads")
     with pytest.raises(ProfileError, match=r"field 'model.config_patch': .* tensor 4 does not"):
         load_profile("tp4-ring", folder)
+
+
+# Profile edits the loader itself refuses: (edit, the field and rule its one line must name).
+REFUSED_AT_LOAD = {
+    "four members at TP3": (
+        (
+            "- {node: spark-3,",
+            "- {node: spark-4, address: 192.168.100.14,"
+            " socket_interface: enP7s7, claim: c4}\n  - {node: spark-3,",
+        ),
+        "field 'parallel': tensor x pipeline = 3, expected members x resources.gpu = 4",
+    ),
+    "a member without an address": (
+        ("{node: spark-2, address: 192.168.100.12,", "{node: spark-2,"),
+        "field 'members.1.address': Field required",
+    ),
+    "no TP3 patch": (
+        ("config_patch: tp3-heads", "config_patch: none"),
+        "field 'model.config_patch': tensor 3 does not divide 64 heads",
+    ),
+    "a member without a claim": (
+        (", claim: dsv41-cache-spark-3}", "}"),
+        "field 'members.2.claim': required by deploy 'kubernetes'",
+    ),
+    "pipeline parallel 2": (
+        ("parallel: {tensor: 3, pipeline: 1}", "parallel: {tensor: 3, pipeline: 2}"),
+        "field 'parallel': tensor x pipeline = 6",
+    ),
+    "memory in GB": (("memory: 110Gi", "memory: 110GB"), "field 'resources.memory'"),
+    "rendezvous port out of range": (
+        ("rendezvous_port: 29500", "rendezvous_port: 70000"),
+        "field 'fabric.rendezvous_port'",
+    ),
+    "a --quantization argument": (
+        ("- --enable-auto-tool-choice", "- --quantization=exl3"),
+        "field 'vllm.extra_args': --quantization must not be used",
+    ),
+    "no hygiene section": (("hygiene: {", "unused: {"), "unknown field 'unused'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_AT_LOAD))
+def test_a_broken_ring_profile_is_refused_at_load_naming_its_field(case, tmp_path):
+    (old, new), expected = REFUSED_AT_LOAD[case]
+    folder = copy_profile(tmp_path, "tp3-ring", old, new)
+    with pytest.raises(ProfileError) as err:
+        load_profile("tp3-ring", folder)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(str(folder / "tp3-ring.yaml"))
+    assert expected in message, message

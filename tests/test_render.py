@@ -9,20 +9,24 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipelines.errors import PipelineError
-from pipelines.launch import launch_plans
-from pipelines.manifests import render_step
-from pipelines.profiles import PROFILES_DIR, load_profile
-from pipelines.render import Document, render_kubernetes
-from pipelines.steps import Engine
-from pipelines.store import Store
-from pipelines.validate import (
+from pipelines.paths import PATCH_SOURCE, PROFILES_DIR
+from pipelines.profiles import ProfileError, load_profile, parse_profile
+from pipelines.render import Render, renderer_for
+from pipelines.render.dockerhosts import launch_plans
+from pipelines.render.documents import Document
+from pipelines.render.kubernetes import render_kubernetes
+from pipelines.render.validate import (
     ROCE_DEVICES,
     check_operator_rules,
     check_schema,
     validate_documents,
 )
+from pipelines.steps import Engine
+from pipelines.store import Store
+from pipelines.weights import Weights, WeightsSettings
 from pipelines.weights.lock import load_lock, lock_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,10 +39,18 @@ def docs_by_kind(docs: list[Document], kind: str) -> list[dict]:
     return [d.body for d in docs if d.body.get("kind") == kind]
 
 
+def render_stage(profile, store_root: Path, image: str = IMAGE, secrets=()) -> Render:
+    """The render stage of a profile as dodo wires it: weights' published outputs, an image."""
+    engine = Engine(Store(store_root), root=REPO)
+    weights = Weights(profile, engine, WeightsSettings(store_root / "weights"))
+    return Render(profile, engine, weights.outputs, lambda: image, list(secrets))
+
+
 def tp3_docs() -> list[Document]:
     """The tp3-ring documents rendered with a pinned image."""
     profile = load_profile("tp3-ring")
-    return render_kubernetes(profile, load_lock(lock_path(profile.model.lock)), IMAGE)
+    lock = load_lock(lock_path(profile.model.lock))
+    return render_kubernetes(profile, lock, IMAGE, PATCH_SOURCE.read_text())
 
 
 def test_tp3_ring_renders_the_domain_facts():
@@ -77,53 +89,90 @@ def test_tp3_ring_renders_the_domain_facts():
     assert command == ["python3", "/opt/sparkforge/patch.py", "/models/22fa141368a3262a"]
 
 
+# Profiles the loader accepts but the validator must refuse: (edit, the rule that must fire).
 BROKEN = {
-    "four members at TP3": (
-        "- {node: spark-3,",
-        "- {node: spark-4, address: 192.168.100.14,"
-        " socket_interface: enP7s7, claim: c4}\n  - {node: spark-3,",
+    "gpuMemoryUtilization 0.72": (
+        ("gpu_memory_utilization: 0.78", "gpu_memory_utilization: 0.72"),
+        "spec.vllmConfig.gpuMemoryUtilization: at TP3 must be at least 0.78",
     ),
-    "a member without an address": ("{node: spark-2, address: 192.168.100.12,", "{node: spark-2,"),
-    "gpuMemoryUtilization 0.72": ("gpu_memory_utilization: 0.78", "gpu_memory_utilization: 0.72"),
-    "gpuMemoryUtilization 1.5": ("gpu_memory_utilization: 0.78", "gpu_memory_utilization: 1.5"),
-    "three RoCE devices": ("roceP2p1s0f0, roceP2p1s0f1]", "roceP2p1s0f0]"),
-    "a misspelled field": ("  rdma_resource:", "  rdma_resorce:"),
-    "routing turned off on an odd ring": ("env:\n", 'env:\n  NCCL_IB_SUBNET_AWARE_ROUTING: "0"\n'),
-    "no TP3 patch": ("config_patch: tp3-heads", "config_patch: none"),
-    "a member without a claim": (", claim: dsv41-cache-spark-3}", "}"),
-    "pipeline parallel 2": (
-        "parallel: {tensor: 3, pipeline: 1}",
-        "parallel: {tensor: 3, pipeline: 2}",
+    "three RoCE devices": (
+        ("roceP2p1s0f0, roceP2p1s0f1]", "roceP2p1s0f0]"),
+        "spec.multiNode.members.0.fabric.ibHCA: must list all four RoCE devices",
     ),
-    "memory in GB": ("memory: 110Gi", "memory: 110GB"),
-    "a secret in the env": ("env:\n", 'env:\n  LEAKED: "s3cr3t-value-123"\n'),
-    "rendezvous port out of range": ("rendezvous_port: 29500", "rendezvous_port: 70000"),
-    "a --quantization argument": ("- --enable-auto-tool-choice", "- --quantization=exl3"),
-    "no hygiene section": ("hygiene: {", "unused: {"),
+    "routing turned off on an odd ring": (
+        ("env:\n", 'env:\n  NCCL_IB_SUBNET_AWARE_ROUTING: "0"\n'),
+        "spec.env.NCCL_IB_SUBNET_AWARE_ROUTING: an odd ring (3 members) needs 1",
+    ),
+    "a secret in the env": (
+        ("env:\n", 'env:\n  LEAKED: "s3cr3t-value-123"\n'),
+        "(document): contains a secret value from the environment",
+    ),
 }
 
 
-@pytest.mark.parametrize("case", sorted(BROKEN))
-def test_broken_profile_fails_with_one_line_per_violation_and_writes_nothing(
-    case, tmp_path, monkeypatch
-):
-    # The secret the "secret in the env" case leaks, as the real step finds it: by its name.
-    monkeypatch.setenv("SPARKFORGE_TEST_SECRET_TOKEN", "s3cr3t-value-123")
-    old, new = BROKEN[case]
-    text = (PROFILES_DIR / "tp3-ring.yaml").read_text()
-    assert old in text, case
+def edited_profile(tmp_path: Path, old: str, new: str, name: str = "tp3-ring") -> Path:
+    """A copy of a shipped profile with one edit, in its own folder."""
+    text = (PROFILES_DIR / f"{name}.yaml").read_text()
+    assert old in text
     folder = tmp_path / "profiles"
-    folder.mkdir()
-    (folder / "tp3-ring.yaml").write_text(text.replace(old, new, 1))
-    store = Store(tmp_path / "store")
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.yaml").write_text(text.replace(old, new, 1))
+    return folder
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_broken_profile_is_refused_by_its_rule_and_writes_nothing(case, tmp_path):
+    (old, new), rule = BROKEN[case]
+    profile = load_profile("tp3-ring", edited_profile(tmp_path, old, new))
+    stage = render_stage(profile, tmp_path / "store", secrets=["s3cr3t-value-123"])
     with pytest.raises(PipelineError) as err:
-        profile = load_profile("tp3-ring", folder)
-        Engine(store, root=REPO).run(render_step(profile, lambda: IMAGE))
+        stage.engine.run(stage.step)
     lines = str(err.value).splitlines()
-    assert lines and all(line.count(": ") >= 2 for line in lines), lines
+    assert any(rule in line for line in lines), lines
+    assert all(line.count(": ") >= 2 for line in lines), lines
     assert "s3cr3t-value-123" not in str(err.value)
+    store = stage.engine.store
     assert not list((store.root / "steps").iterdir())
     assert not list((store.root / "tmp").iterdir())
+
+
+def kubernetes_sglang_profile(folder: Path) -> Path:
+    """tp4-ring (SGLang) with everything a kubernetes deploy asks for: only the pair is wrong."""
+    tp3 = yaml.safe_load((PROFILES_DIR / "tp3-ring.yaml").read_text())
+    body = yaml.safe_load((PROFILES_DIR / "tp4-ring.yaml").read_text())
+    body.update(name="sparkforge-test-pair", deploy="kubernetes", kubernetes=tp3["kubernetes"])
+    body["model"]["source_secret"] = "model-source"
+    for i, member in enumerate(body["members"]):
+        member["claim"] = f"cache-{i}"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "sparkforge-test-pair.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def test_a_pair_no_renderer_covers_is_refused_with_one_line(tmp_path):
+    profile = parse_profile(kubernetes_sglang_profile(tmp_path))
+    with pytest.raises(ProfileError) as err:
+        renderer_for(profile)
+    [line] = str(err.value).splitlines()
+    assert "fields 'deploy' and 'runtime': kubernetes+sglang is not supported" in line
+
+
+def test_doit_refuses_an_uncovered_pair_when_the_profile_loads(tmp_path):
+    path = kubernetes_sglang_profile(PROFILES_DIR)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "doit", "list", f"profile={path.stem}"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        path.unlink()
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "kubernetes+sglang is not supported" in lines[0]
 
 
 def test_each_violation_names_document_path_rule_and_value():
@@ -164,10 +213,10 @@ def test_rendering_twice_is_byte_identical_and_one_change_touches_only_its_docum
         changed = profile.model_copy(
             update={"vllm": profile.vllm.model_copy(update={"gpu_memory_utilization": value})}
         )
-        engine = Engine(Store(tmp_path / f"store{n}"), root=REPO)
-        step = render_step(changed, lambda: IMAGE)
-        out = engine.run(step)
-        outputs.append((engine.key(step), {p.name: p.read_bytes() for p in out.iterdir()}))
+        stage = render_stage(changed, tmp_path / f"store{n}")
+        out = stage.engine.run(stage.step)
+        key = stage.engine.key(stage.step)
+        outputs.append((key, {p.name: p.read_bytes() for p in out.iterdir()}))
     (key1, files1), (key2, files2), (key3, files3) = outputs
     assert key1 == key2 and files1 == files2
     assert key3 != key1
@@ -227,3 +276,43 @@ def test_doit_render_prints_the_documents_and_a_second_run_does_nothing(tmp_path
     assert "kustomization.yaml" in first.stdout
     second = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True)
     assert "-- render" in second.stdout
+
+
+def test_a_missing_tp3_patch_job_is_refused_by_the_patch_job_rule():
+    docs = tp3_docs()
+    without = [d for d in docs if not d.file == "40-job-dsv41-flash-tp3-patch-1.yaml"]
+    assert len(without) == len(docs) - 1
+    found = validate_documents(without, secrets=[])
+    assert found == [
+        "60-inferenceservice-dsv41-flash.yaml: spec.multiNode.members.1.node: TP3 needs the"
+        " padded config: no tp3-patch Job for this member (found 'spark-2')"
+    ]
+
+
+def test_a_patch_job_after_the_service_is_refused_by_the_apply_order_rule():
+    docs = tp3_docs()
+    job = next(d for d in docs if d.file.startswith("40-job-dsv41-flash-tp3-patch"))
+    reordered = [d for d in docs if d is not job] + [job]
+    [line] = validate_documents(reordered, secrets=[])
+    assert line.startswith(f"{job.file}: metadata.name: the tp3-patch Job must come after")
+
+
+def test_multinode_with_another_runtime_is_refused_by_the_operator_rule():
+    svc = next(d for d in tp3_docs() if d.body["kind"] == "InferenceService")
+    body = copy.deepcopy(svc.body)
+    body["spec"]["runtime"] = "llamacpp"
+    assert check_operator_rules(Document(svc.file, body)) == [
+        f"{svc.file}: spec.runtime: multiNode needs runtime vllm (found 'llamacpp')"
+    ]
+
+
+def test_launch_plans_with_an_unpinned_image_are_refused_and_nothing_is_stored(tmp_path):
+    stage = render_stage(load_profile("tp4-ring"), tmp_path / "store", image="lmsysorg/sglang:v1")
+    with pytest.raises(PipelineError) as err:
+        stage.engine.run(stage.step)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 4
+    assert lines[0] == (
+        "launch-0-spark-1.yaml: image: image must be pinned by digest (found 'lmsysorg/sglang:v1')"
+    )
+    assert not list((stage.engine.store.root / "steps").iterdir())

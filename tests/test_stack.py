@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import random
 import shutil
 import socket
 import stat
 import subprocess
 import tarfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import boto3
@@ -20,9 +22,10 @@ import pytest
 import requests
 from botocore.config import Config
 
-from pipelines import stack as local_stack
+import devstack as local_stack
 
 STACK_SCRIPT = local_stack.REPO_ROOT / "scripts" / "stack"
+SPARE_ATTEMPTS = 5
 EXPORTED_AWS_VARIABLES = (
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
@@ -68,13 +71,19 @@ def _port_free(port: int) -> bool:
 
 
 def _spare_ports() -> tuple[int, int]:
-    """An S3 port whose whole weed block is free, and a free registry port."""
+    """An S3 port whose whole weed block is free, and a free registry port outside that block."""
+    # A random start, so test sessions running side by side on this machine do not all try the
+    # same ports first.
+    start = random.randrange(21000, 40000)
     s3_port = next(
         port
-        for port in range(21333, 50000, 20)
+        for port in range(start, 50000, 20)
         if all(_port_free(p) for p in local_stack.s3_ports(port).values())
     )
-    registry_port = next(port for port in range(25000, 26000) if _port_free(port))
+    block = set(local_stack.s3_ports(s3_port).values())
+    registry_port = next(
+        port for port in range(start + 1000, 55536) if port not in block and _port_free(port)
+    )
     return s3_port, registry_port
 
 
@@ -87,6 +96,44 @@ def _spare_vars(directory: Path, endpoints: local_stack.Endpoints) -> dict[str, 
         local_stack.REGISTRY_PORT_ENV: str(registry_port),
         "DOCKER_HOST": endpoints.docker_host,
     }
+
+
+def _collided(directory: Path, error: str) -> bool:
+    """Whether a failed `up` in directory failed because another process took a spare port."""
+    if "is already in use by another process" in error:
+        return True
+    # Taken between the stack's check and the service's own bind: the service's log says so.
+    logs = directory.glob("*.log")
+    return any("address already in use" in log.read_text(errors="replace") for log in logs)
+
+
+def _on_spare_ports(
+    base: Path,
+    endpoints: local_stack.Endpoints,
+    start: Callable[[Path, dict[str, str]], str | None],
+) -> tuple[Path, dict[str, str]]:
+    """The folder and variables of a second stack that start(folder, variables) brought up."""
+    # Spare ports are only seen free when chosen: another process can bind one before the stack
+    # does. Such a collision is retried on other ports, in a fresh folder (its logs tell).
+    # start returns None when it got what the test wants, else the error it met.
+    for attempt in range(SPARE_ATTEMPTS):
+        directory = base / f"stack-{attempt}"
+        variables = _spare_vars(directory, endpoints)
+        error = start(directory, variables)
+        if error is None:
+            return directory, variables
+        if not _collided(directory, error):
+            pytest.fail(error)
+    pytest.fail(f"spare ports were taken by other processes {SPARE_ATTEMPTS} times in a row")
+
+
+def _stack_up(directory: Path, variables: dict[str, str]) -> str | None:
+    """`scripts/stack up` for the stack in directory: None, or what it printed on stderr."""
+    env = os.environ | variables
+    result = subprocess.run(
+        [str(STACK_SCRIPT), "up"], env=env, capture_output=True, text=True, timeout=180
+    )
+    return None if result.returncode == 0 else result.stderr
 
 
 def _run_stack(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -219,32 +266,35 @@ def test_status_lists_every_service_and_no_secret_is_written_anywhere(stack):
 
 
 def test_concurrent_ups_start_one_set_of_services(stack, tmp_path):
-    spare = tmp_path / "stack"
-    env = os.environ | _spare_vars(spare, stack)
-    try:
+    def two_ups(directory: Path, variables: dict[str, str]) -> str | None:
+        env = os.environ | variables
         ups = [
             subprocess.Popen(
                 [str(STACK_SCRIPT), "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
             )
             for _ in range(2)
         ]
-        for up in ups:
-            _, errors = up.communicate(timeout=180)
-            assert up.returncode == 0, errors.decode()
+        errors = [up.communicate(timeout=180)[1].decode() for up in ups]
+        failed = [error for up, error in zip(ups, errors, strict=True) if up.returncode != 0]
+        if failed:
+            # One may have come up after the other met a taken port: both go before a retry.
+            _run_stack("down", env=env)
+        return failed[0] if failed else None
 
+    spare, variables = _on_spare_ports(tmp_path, stack, two_ups)
+    try:
         assert len(_stack_processes(spare, "weed")) == 1
         assert len(_stack_processes(spare, "docker-registry")) == 1
         assert _stack_processes(spare, "dockerd") == []
     finally:
-        _run_stack("down", env=env)
+        _run_stack("down", env=os.environ | variables)
 
 
 def test_down_stops_what_up_started_and_leaves_a_foreign_engine_running(
     stack, docker_client, tmp_path
 ):
-    spare = tmp_path / "stack"
-    env = os.environ | _spare_vars(spare, stack)
-    _run_stack("up", env=env)
+    spare, variables = _on_spare_ports(tmp_path, stack, _stack_up)
+    env = os.environ | variables
     assert local_stack.read_endpoints(spare).started == ("s3", "registry")
 
     _run_stack("down", env=env)
@@ -259,19 +309,29 @@ def test_down_stops_what_up_started_and_leaves_a_foreign_engine_running(
 
 
 def test_up_with_a_taken_port_names_it_and_leaves_nothing_running(stack, tmp_path, monkeypatch):
-    spare = tmp_path / "stack"
-    for name, value in _spare_vars(spare, stack).items():
-        monkeypatch.setenv(name, value)
-    registry_port = int(os.environ[local_stack.REGISTRY_PORT_ENV])
+    failures = []
 
-    with socket.socket() as squatter:
-        squatter.bind(("127.0.0.1", registry_port))
-        squatter.listen()
-        with pytest.raises(local_stack.StackError) as failure:
-            local_stack.up(spare)
+    def up_beside_a_squatter(directory: Path, variables: dict[str, str]) -> str | None:
+        for name, value in variables.items():
+            monkeypatch.setenv(name, value)
+        with socket.socket() as squatter:
+            try:
+                squatter.bind(("127.0.0.1", int(variables[local_stack.REGISTRY_PORT_ENV])))
+            except OSError:
+                return "registry port: is already in use by another process, not the squatter"
+            squatter.listen()
+            try:
+                local_stack.up(directory)
+            except local_stack.StackError as failure:
+                failures.append(failure)
+                return None if str(failure).startswith("registry: port") else str(failure)
+        return "up succeeded on a taken registry port"
 
-    assert f"registry: port 127.0.0.1:{registry_port} is already in use" in str(failure.value)
-    assert local_stack.REGISTRY_PORT_ENV in str(failure.value)
+    spare, variables = _on_spare_ports(tmp_path, stack, up_beside_a_squatter)
+    registry_port = int(variables[local_stack.REGISTRY_PORT_ENV])
+
+    assert f"registry: port 127.0.0.1:{registry_port} is already in use" in str(failures[-1])
+    assert local_stack.REGISTRY_PORT_ENV in str(failures[-1])
     assert [s.state for s in local_stack.status(spare)][:2] == ["stopped", "stopped"]
     assert _stack_processes(spare, "weed") == []
 

@@ -24,7 +24,7 @@ DODO = textwrap.dedent(
     from pipelines.store import Store
 
     DOIT_CONFIG = {"dep_file": os.environ["SPARKFORGE_STORE"] + "/doit.sqlite3"}
-    ENGINE = Engine(Store(), root=Path(__file__).parent)
+    ENGINE = Engine(Store(Path(os.environ["SPARKFORGE_STORE"])), root=Path(__file__).parent)
     RUNS = Path(__file__).parent / "runs.log"
 
     def greet(run):

@@ -23,9 +23,10 @@ from keying import read_chars
 
 from pipelines.errors import PipelineError
 from pipelines.progress import NoProgress
-from pipelines.s3 import CLIENT_CONFIG, S3Url
 from pipelines.statcache import StatCache
-from pipelines.weights.fetch import BlobStore, FetchError, FetchOptions, fetch_lock
+from pipelines.weights.blobs import BlobStore
+from pipelines.weights.bucket import hash_bucket
+from pipelines.weights.fetch import FetchError, fetch_lock
 from pipelines.weights.lock import (
     Lock,
     LockError,
@@ -34,8 +35,9 @@ from pipelines.weights.lock import (
     lock_path,
     require_locked,
 )
-from pipelines.weights.locking import lock_from_bucket
+from pipelines.weights.options import FetchOptions
 from pipelines.weights.patch import PatchError, patch_tp3, patch_tp3_folder
+from pipelines.weights.s3 import CLIENT_CONFIG, S3Url
 from pipelines.weights.stage import is_staged, stage, stage_plan
 from pipelines.weights.synthetic import SyntheticShape, model_names, upload_synthetic
 
@@ -53,7 +55,7 @@ def synthetic(s3):
     """The synthetic model uploaded under a fresh prefix, and the lock made from the bucket."""
     source = f"s3://models/test-{uuid.uuid4().hex[:8]}/DeepSeek-V4.1-Flash-synthetic"
     upload_synthetic(s3, source, SyntheticShape())
-    return source, lock_from_bucket(s3, "dsv41-flash-synthetic", source, previous=None)
+    return source, hash_bucket(s3, "dsv41-flash-synthetic", source, previous=None)
 
 
 @pytest.fixture
@@ -62,7 +64,7 @@ def blobs(tmp_path):
     return BlobStore(tmp_path / "weights", StatCache(tmp_path / "statcache.sqlite3"))
 
 
-def test_lock_from_bucket_matches_the_committed_synthetic_lock(synthetic):
+def test_hash_bucket_matches_the_committed_synthetic_lock(synthetic):
     _, lock = synthetic
     committed = load_lock(lock_path("dsv41-flash-synthetic"))
     assert [e.name for e in committed.files] == model_names()
@@ -125,7 +127,7 @@ def test_flipped_byte_in_bucket_is_detected_named_and_not_stored(s3, synthetic, 
         f"{BIG}: sha256 mismatch: expected {expected}, got {actual} (not stored)"
     )
     assert not blobs.blob(expected).exists()
-    assert not list(blobs.partial.glob(f"{expected}.part"))
+    assert not blobs.partial_file(expected).exists()
     assert [e.name for e in blobs.missing(bad_lock)] == [BIG]  # the other 53 completed
     with pytest.raises(PipelineError, match=BIG):
         stage(blobs.models / "x", stage_plan(bad_lock), blobs)
@@ -136,8 +138,10 @@ KILLABLE_FETCH = textwrap.dedent(
     import sys
     from pathlib import Path
     from pipelines.statcache import StatCache
-    from pipelines.s3 import s3_client
-    from pipelines.weights.fetch import BlobStore, FetchOptions, fetch_lock
+    from pipelines.weights.blobs import BlobStore
+    from pipelines.weights.fetch import fetch_lock
+    from pipelines.weights.options import FetchOptions
+    from pipelines.weights.s3 import s3_client
     from pipelines.weights.lock import load_lock
     lock = load_lock(Path(sys.argv[1]))
     blobs = BlobStore(sys.argv[2], StatCache(sys.argv[3]))
@@ -155,7 +159,7 @@ def test_fetch_killed_mid_file_resumes_without_downloading_what_it_has(
     lock_file = tmp_path / "one.lock.yaml"
     lock_file.write_text(json.dumps(one.model_dump()))
     entry = one.files[0]
-    part = blobs.partial / f"{entry.sha256}.part"
+    part = blobs.partial_file(entry.sha256)
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLABLE_FETCH, lock_file, blobs.root, blobs.statcache.db_path],
         env={**os.environ, **stack_env},

@@ -1,1 +1,8 @@
-"""Runtime images: keyed by inputs, built once, normalized to be reproducible, pushed by digest."""
+"""The images stage: GB10 runtime images and the local simulator, keyed, reproducible, pushed.
+
+Other stages use only what is exported here.
+"""
+
+from pipelines.images.tasks import Images, ImageSettings
+
+__all__ = ["ImageSettings", "Images"]

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from pipelines.images.oci import Image, assemble, epoch_iso, normal_info, write_layer
 from pipelines.images.spec import ImageError, LocalBase
-from pipelines.keys import key_material, step_key
 
 BASE_RECIPE_VERSION = 1
 # Caches, logs and docs: not needed at run time, and they differ from one debootstrap to the next.
@@ -42,10 +41,9 @@ def debian_arch() -> str:
     ).stdout.strip()
 
 
-def base_key(spec: LocalBase, arch: str) -> str:
-    """The key of a local base: recipe, suite, variant, packages, mirror and architecture."""
-    params = {**spec.model_dump(), "arch": arch}
-    return step_key(key_material("debootstrap-base", BASE_RECIPE_VERSION, params, {}, {}))
+def base_params(spec: LocalBase, arch: str) -> dict:
+    """The keyed parameters of a local base: suite, variant, packages, mirror, architecture."""
+    return {**spec.model_dump(), "arch": arch}
 
 
 def base_repository(spec: LocalBase) -> str:

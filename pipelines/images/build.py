@@ -10,19 +10,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import docker
-import docker.errors
-
-from pipelines.images.context import context_digest, context_tar
+from pipelines.images.context import BuildContext, context_tar
 from pipelines.images.dockerfile import check_contents, check_froms, upstream_arg
-from pipelines.images.oci import NORMALIZER_VERSION, Image, LayerCache, normalize_saved_image
-from pipelines.images.registry import Registry
-from pipelines.images.spec import IMAGES_DIR, ImageDir, ImageError
-from pipelines.keys import key_material, step_key
-from pipelines.statcache import StatCache
-from pipelines.store import REPO_ROOT
+from pipelines.images.oci import Image, LayerCache, normalize_saved_image, save_image_index
+from pipelines.images.spec import ImageDir, ImageError
+from pipelines.paths import RECEIPT, REPO_ROOT
 
-RECEIPT = IMAGES_DIR / "receipt.py"
 EXTRA_CONTEXT = {"sparkforge-receipt.py": RECEIPT}  # every image carries the receipt writer
 LOG_TAIL = 15
 
@@ -41,11 +34,6 @@ class BuildPlan:
     key: str
     context: Path
     material: dict = field(repr=False, default_factory=dict)
-
-    @property
-    def key_tag(self) -> str:
-        """The tag that marks the image of this key in the registry (the image cache)."""
-        return f"key-{self.key[:32]}"
 
     def args_with_key(self) -> dict[str, str]:
         """Build args as passed to the builder: the plan's, plus the key for the receipt."""
@@ -76,51 +64,66 @@ def digest_of(ref: str) -> str:
     return ref.rsplit("@", 1)[1]
 
 
-def plan_image(
-    image: ImageDir, registry: str, base: str, statcache: StatCache, namespace: str = ""
-) -> BuildPlan:
-    """Check the image statically and compute its key; no engine, no network.
+def image_build_args(image: ImageDir, base: str) -> dict[str, str]:
+    """The build args of an image: its base, its own args, and each upstream's commit."""
+    build_args = {"BASE": base, **image.spec.build_args}
+    for name, upstream in image.spec.upstream.items():
+        build_args[upstream_arg(name)] = upstream.commit
+    return build_args
 
-    registry is a host[:port]; namespace the path in front of sparkforge/<name> there.
+
+def image_platform(image: ImageDir) -> str:
+    """The platform an image is built for (native: this machine's)."""
+    return native_platform() if image.spec.platform == "native" else image.spec.platform
+
+
+def image_params(image: ImageDir) -> dict:
+    """The keyed parameters of an image; the base enters the key by digest, as a pin."""
+    spec = image.spec
+    return {
+        "name": spec.name,
+        "platform": image_platform(image),
+        "build_args": {k: v for k, v in image_build_args(image, "").items() if k != "BASE"},
+        "source_date_epoch": spec.source_date_epoch,
+        "upstream": {k: v.model_dump() for k, v in spec.upstream.items()},
+    }
+
+
+def image_inputs(image: ImageDir) -> dict[str, Path | BuildContext]:
+    """The files an image is built from: its Dockerfile and its context (receipt included)."""
+    return {"dockerfile": image.dockerfile, "context": BuildContext(image.path, EXTRA_CONTEXT)}
+
+
+def plan_image(
+    image: ImageDir, registry: str, base: str, key: str, material: dict, namespace: str = ""
+) -> BuildPlan:
+    """Check the image statically and describe its build; no engine, no network.
+
+    registry is a host[:port]; namespace the path in front of sparkforge/<name> there; key
+    and material come from the engine's image step.
     """
     spec = image.spec
-    build_args = {"BASE": base, **spec.build_args}
-    for name, upstream in spec.upstream.items():
-        build_args[upstream_arg(name)] = upstream.commit
+    build_args = image_build_args(image, base)
     text = image.dockerfile.read_text()
     check_froms(image.dockerfile, text, build_args)
     check_contents(image.dockerfile, text, spec)
-    platform = native_platform() if spec.platform == "native" else spec.platform
-    # The base enters the key by digest only: the same base from another registry is the same.
-    keyed_args = {k: v for k, v in build_args.items() if k != "BASE"}
-    material = key_material(
-        "image",
-        NORMALIZER_VERSION,
-        {
-            "name": spec.name,
-            "platform": platform,
-            "build_args": keyed_args,
-            "source_date_epoch": spec.source_date_epoch,
-            "upstream": {k: v.model_dump() for k, v in spec.upstream.items()},
-        },
-        {
-            "dockerfile": statcache.digest_file(image.dockerfile),
-            "context": context_digest(image.path, statcache, EXTRA_CONTEXT),
-        },
-        {"base": digest_of(base)},
-    )
     return BuildPlan(
         name=spec.name,
         registry=registry,
-        repository="/".join(part for part in (namespace, "sparkforge", spec.name) if part),
-        platform=platform,
+        repository=image_repository(spec.name, namespace),
+        platform=image_platform(image),
         base=base,
         build_args=build_args,
         epoch=spec.source_date_epoch,
-        key=step_key(material),
+        key=key,
         context=image.path,
         material=material,
     )
+
+
+def image_repository(name: str, namespace: str = "") -> str:
+    """The registry repository of an image: [namespace/]sparkforge/<name>."""
+    return "/".join(part for part in (namespace, "sparkforge", name) if part)
 
 
 def git_revision() -> str:
@@ -131,8 +134,10 @@ def git_revision() -> str:
     return result.stdout.strip() if result.returncode == 0 else "unknown"
 
 
-def engine_build(client: docker.DockerClient, plan: BuildPlan, saved: Path) -> None:
+def engine_build(client, plan: BuildPlan, saved: Path) -> None:
     """Build with the engine (context sent with normalized mtimes) and save the image tar."""
+    import docker.errors  # the client is a docker SDK client: the package is loaded already
+
     tag = f"sparkforge-build/{plan.name}:{plan.key[:16]}"
     log: list[str] = []
     step = "(before the first step)"
@@ -174,7 +179,7 @@ def buildx_available() -> bool:
         return False
 
 
-def buildx_build(client: docker.DockerClient | None, plan: BuildPlan, saved: Path) -> None:
+def buildx_build(client, plan: BuildPlan, saved: Path) -> None:
     """Build with buildx from the normalized context (SOURCE_DATE_EPOCH, rewritten timestamps)."""
     with tempfile.TemporaryDirectory(dir=saved.parent, prefix="context-") as context:
         with tarfile.open(fileobj=context_tar(plan.context, plan.epoch, EXTRA_CONTEXT)) as tar:
@@ -194,35 +199,22 @@ def buildx_build(client: docker.DockerClient | None, plan: BuildPlan, saved: Pat
 BUILDERS = {"engine": engine_build, "buildx": buildx_build}
 
 
-def choose_builder(has_engine: bool) -> str:
-    """$SPARKFORGE_BUILDER if set; else the engine when there is one (the local stack), else
-    buildx when present."""
-    chosen = os.environ.get("SPARKFORGE_BUILDER") or (
-        "engine" if has_engine or not buildx_available() else "buildx"
-    )
+def choose_builder(has_engine: bool, asked: str | None = None) -> str:
+    """The builder asked for (SPARKFORGE_BUILDER); else the engine when there is one (the local
+    stack), else buildx when present."""
+    chosen = asked or ("engine" if has_engine or not buildx_available() else "buildx")
     if chosen not in BUILDERS:
         raise ImageError(f"SPARKFORGE_BUILDER={chosen!r}: expected one of {', '.join(BUILDERS)}")
     return chosen
 
 
-def build_and_push(
-    client: docker.DockerClient,
-    registry: Registry,
-    plan: BuildPlan,
-    work: Path | None = None,
-    layers_cache: LayerCache | None = None,
-    builder: str = "engine",
-) -> tuple[str, bool]:
-    """The image of the plan in the registry: (digest, built). Built only if its key is absent."""
-    existing = registry.manifest_digest(plan.repository, plan.key_tag)
-    if existing:
-        return existing, False
-    with tempfile.TemporaryDirectory(dir=work, prefix="image-") as tmp:
+def build_image(
+    client, plan: BuildPlan, builder: str, out: Path, layers_cache: LayerCache | None = None
+) -> Image:
+    """Build the plan with a builder and normalize the result into out (blobs + image.json)."""
+    with tempfile.TemporaryDirectory(dir=out, prefix="build-") as tmp:
         saved = Path(tmp) / "saved.tar"
         BUILDERS[builder](client, plan, saved)
-        image: Image = normalize_saved_image(saved, plan.epoch, Path(tmp), layers_cache)
-        saved.unlink()
-        digest = registry.push_image(
-            plan.repository, image, [plan.key_tag, f"candidate-{git_revision()}"]
-        )
-    return digest, True
+        image = normalize_saved_image(saved, plan.epoch, out, layers_cache)
+    save_image_index(image, out)
+    return image

@@ -6,9 +6,8 @@ import hashlib
 import io
 import os
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
-
-from docker.utils.build import exclude_paths
 
 from pipelines.keys import canonical_json
 from pipelines.statcache import StatCache
@@ -24,6 +23,8 @@ def dockerignore_patterns(root: Path) -> list[str]:
 
 def context_files(root: Path, extra: dict[str, Path]) -> dict[str, Path]:
     """Context name -> source path, sorted: the folder (.dockerignore applied) plus extra files."""
+    from docker.utils.build import exclude_paths  # Docker's own .dockerignore rules
+
     names = exclude_paths(str(root), dockerignore_patterns(root), dockerfile="Dockerfile")
     files = {name: root / name for name in names}
     files.update(extra)
@@ -37,6 +38,25 @@ def normal_mode(mode: int) -> int:
 
 def context_digest(root: Path, statcache: StatCache, extra: dict[str, Path]) -> str:
     """One digest of what the engine would receive: names, modes and file contents."""
+    return context_listing(root, statcache, extra)[0]
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """An image's build context as a step input: digested as the engine would receive it."""
+
+    root: Path
+    extra: dict[str, Path]
+
+    def digest(self, statcache: StatCache) -> tuple[str, dict[str, str]]:
+        """(context digest, name -> file digest) for the key and for `explain`."""
+        return context_listing(self.root, statcache, self.extra)
+
+
+def context_listing(
+    root: Path, statcache: StatCache, extra: dict[str, Path]
+) -> tuple[str, dict[str, str]]:
+    """(digest of names, modes and contents, name -> file digest or kind)."""
     files = context_files(root, extra)
     regular = [p for p in files.values() if p.is_file() and not p.is_symlink()]
     digests = statcache.digest_files(regular)
@@ -49,7 +69,8 @@ def context_digest(root: Path, statcache: StatCache, extra: dict[str, Path]) -> 
             listing.append([name, "dir"])
         else:
             listing.append([name, "file", normal_mode(st.st_mode), digests[path.absolute()]])
-    return hashlib.sha256(canonical_json(listing)).hexdigest()
+    digest = hashlib.sha256(canonical_json(listing)).hexdigest()
+    return digest, {entry[0]: str(entry[-1]) for entry in listing}
 
 
 def context_tar(root: Path, epoch: int, extra: dict[str, Path]) -> io.BytesIO:

@@ -9,26 +9,26 @@ settings, and the config's timestamps and builder-specific fields.
 from __future__ import annotations
 
 import datetime
+import gzip
 import hashlib
 import json
 import os
 import tarfile
 import tempfile
 import threading
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from pipelines.files import fsync_fd, hash_file, write_atomic
 from pipelines.keys import canonical_json
-from pipelines.statcache import hash_file
-from pipelines.store import write_atomic
 
 NORMALIZER_VERSION = 1
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
 LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
-GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no name, mtime 0, OS 255
+# gzip framing: no file name, mtime 0 (Python writes OS 255, XFL 0 at this level), deflate
+# at level 6 with zlib's default window and memory: the same bytes on every run.
 GZIP_LEVEL = 6
 # Config fields kept from the builder: what the image runs with. Everything else (container
 # ids, hostnames, builder versions, timestamps) differs between two builds of the same inputs.
@@ -117,44 +117,51 @@ def sorted_members(tar: tarfile.TarFile, epoch: int):
             yield normal_info(member, epoch), tar.extractfile(member) if member.isreg() else None
 
 
-class LayerWriter:
-    """A file object for tarfile that gzips (fixed header) as it is written, hashing the plain
-    tar (the diff_id) and the compressed bytes (the blob digest) in the same pass."""
+class HashingSink:
+    """A write-only file object that hashes and counts the bytes it passes on to dest."""
 
     def __init__(self, dest: IO[bytes]):
         self.dest = dest
-        self.plain = hashlib.sha256()
-        self.packed = hashlib.sha256()
-        self.crc, self.size, self.packed_size = 0, 0, 0
-        self.deflate = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS, 8)
-        self._emit(GZIP_HEADER)
+        self.sha = hashlib.sha256()
+        self.size = 0
 
-    def _emit(self, data: bytes) -> None:
-        if data:
-            self.dest.write(data)
-            self.packed.update(data)
-            self.packed_size += len(data)
+    def write(self, data) -> int:
+        """Pass data on, hashing it."""
+        self.sha.update(data)
+        self.size += len(data)
+        return self.dest.write(data)
+
+    def flush(self) -> None:
+        """gzip flushes its file object; dest is flushed by its owner."""
+
+
+class LayerWriter:
+    """A file object for tarfile that gzips as it is written, hashing the plain tar (the
+    diff_id) and the compressed bytes (the blob digest) in the same pass."""
+
+    def __init__(self, dest: IO[bytes]):
+        self.packed = HashingSink(dest)
+        self.plain = HashingSink(
+            gzip.GzipFile(
+                filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=self.packed, mtime=0
+            )
+        )
 
     def write(self, data) -> int:
         """Take plain tar bytes."""
-        self.plain.update(data)
-        self.crc = zlib.crc32(data, self.crc)
-        self.size += len(data)
-        self._emit(self.deflate.compress(data))
-        return len(data)
+        return self.plain.write(data)
 
     def tell(self) -> int:
         """Plain bytes written so far (tarfile asks)."""
-        return self.size
+        return self.plain.size
 
     def finish(self) -> tuple[str, str, int]:
         """Close the gzip stream: (blob digest, diff_id, compressed size)."""
-        self._emit(self.deflate.flush())
-        self._emit(self.crc.to_bytes(4, "little") + (self.size & 0xFFFFFFFF).to_bytes(4, "little"))
+        self.plain.dest.close()
         return (
-            "sha256:" + self.packed.hexdigest(),
-            "sha256:" + self.plain.hexdigest(),
-            self.packed_size,
+            "sha256:" + self.packed.sha.hexdigest(),
+            "sha256:" + self.plain.sha.hexdigest(),
+            self.packed.size,
         )
 
 
@@ -168,7 +175,7 @@ def write_layer(members, out_dir: Path) -> tuple[Blob, str]:
                 tar.addfile(info, data)
         digest, diff_id, size = writer.finish()
         dest.flush()
-        os.fsync(dest.fileno())
+        fsync_fd(dest.fileno())
     final = out_dir / digest.split(":")[1]
     tmp.rename(final)
     return Blob(digest, size, final, LAYER_TYPE), diff_id
@@ -249,6 +256,23 @@ def assemble(config: dict, layers: list[Blob], out_dir: Path) -> Image:
         "layers": [descriptor(layer) for layer in layers],
     }
     return Image(canonical_json(manifest), config_blob, tuple(layers))
+
+
+def save_image_index(image: Image, folder: Path) -> None:
+    """Write what a push needs (manifest, blob digests and paths) as folder/image.json."""
+    blobs = [
+        {"digest": b.digest, "size": b.size, "path": str(b.path), "media_type": b.media_type}
+        for b in image.blobs()
+    ]
+    index = {"manifest": image.manifest.decode(), "blobs": blobs}
+    (folder / "image.json").write_text(json.dumps(index, indent=2))
+
+
+def load_image_index(folder: Path) -> Image:
+    """The image an image.json describes (its blobs where the index says)."""
+    index = json.loads((folder / "image.json").read_text())
+    blobs = [Blob(b["digest"], b["size"], Path(b["path"]), b["media_type"]) for b in index["blobs"]]
+    return Image(index["manifest"].encode(), blobs[0], tuple(blobs[1:]))
 
 
 def descriptor(blob: Blob) -> dict[str, Any]:

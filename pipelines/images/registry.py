@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import requests
 
-from pipelines.images.credentials import docker_config_path, registry_credentials
-from pipelines.images.oci import MANIFEST_TYPE, Image
+from pipelines.images.oci import MANIFEST_TYPE, Image, load_image_index
 from pipelines.images.spec import ImageError
 
 ACCEPT = ", ".join(
@@ -79,15 +80,22 @@ class Registry:
                 f" ({docker_config_path()}; `docker login {self.host}`)"
             )
         scheme, _, params = challenge.partition(" ")
-        if scheme.lower() == "basic":
-            token = base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
+        if scheme.lower() == "basic" and creds.password is not None:
+            token = base64.b64encode(f"{creds.username}:{creds.password}".encode()).decode()
             return {"Authorization": f"Basic {token}"}
         fields = dict(re.findall(r'(\w+)="([^"]*)"', params))
         if scheme.lower() != "bearer" or "realm" not in fields:
             raise ImageError(f"registry {self.host}: unsupported authentication {scheme!r}")
         query = {k: v for k, v in fields.items() if k in ("service", "scope")}
         try:
-            r = requests.get(fields["realm"], params=query, auth=creds, timeout=60)
+            if creds.identity_token:
+                # An identity token is an OAuth2 refresh token (distribution's token spec).
+                form = {**query, "grant_type": "refresh_token", "client_id": "sparkforge"}
+                form["refresh_token"] = creds.identity_token
+                r = requests.post(fields["realm"], data=form, timeout=60)
+            else:
+                auth = (creds.username, creds.password)
+                r = requests.get(fields["realm"], params=query, auth=auth, timeout=60)
         except requests.RequestException as err:
             raise ImageError(f"registry {self.host}: token service: {type(err).__name__}") from None
         if r.status_code != 200:
@@ -153,3 +161,64 @@ class Registry:
     def _check(self, r: requests.Response, what: str) -> None:
         if r.status_code >= 400:
             raise ImageError(f"registry {self.host}: {what}: HTTP {r.status_code} {r.text[:200]}")
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What the Docker chain holds for a registry; never printed (repr hides the secrets)."""
+
+    username: str = field(repr=False)
+    password: str | None = field(repr=False)
+    identity_token: str | None = field(default=None, repr=False)
+
+
+def docker_config_path() -> Path:
+    """$DOCKER_CONFIG/config.json, else ~/.docker/config.json (where `docker login` writes)."""
+    folder = os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker"
+    return Path(folder) / "config.json"
+
+
+def registry_credentials(host: str) -> Credentials | None:
+    """A registry's credentials as Docker resolves them: credHelpers, credsStore, then auths."""
+    import docker.auth  # only a login needs the SDK
+    import docker.errors
+
+    try:
+        config = docker.auth.load_config(str(docker_config_path()))
+        found: dict[str, Any] | None = config.resolve_authconfig(host)
+    except docker.errors.DockerException as err:
+        raise ImageError(f"{docker_config_path()}: credentials for {host}: {err}") from None
+    if not found:
+        return None
+    entry = {k.lower(): v for k, v in found.items()}
+    return Credentials(entry.get("username", ""), entry.get("password"), entry.get("identitytoken"))
+
+
+@dataclass(frozen=True)
+class RegistryCache:
+    """The engine's cache backend for images: output for a key exists when its tag does.
+
+    publish pushes the built image's blobs, then its manifest under extra tags, and the key
+    tag last: the key tag appears only once everything it names is in the registry.
+    """
+
+    registry: Registry
+    repository: str
+    extra_tags: tuple[str, ...] = ()
+    name: str = "registry"
+
+    @staticmethod
+    def key_tag(key: str) -> str:
+        """The tag that marks the image of a key (the image cache)."""
+        return f"key-{key[:32]}"
+
+    def has(self, key: str) -> bool:
+        """True when the registry holds the key's tag."""
+        return self.registry.manifest_digest(self.repository, self.key_tag(key)) is not None
+
+    def publish(self, key: str, work: Path, record: dict[str, Any]) -> None:
+        """Push the image the step wrote (work/out/image.json), key tag last."""
+        image = load_image_index(work / "out")
+        tags = [*self.extra_tags, self.key_tag(key)]
+        digest = self.registry.push_image(self.repository, image, tags)
+        print(f"{record['name']}: {self.registry.host}/{self.repository}@{digest}")

@@ -10,10 +10,9 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from pipelines.errors import PipelineError
+from pipelines.paths import IMAGES_DIR
 from pipelines.schema import Strict, load_yaml_model
-from pipelines.store import REPO_ROOT
 
-IMAGES_DIR = REPO_ROOT / "images"
 PINNED = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
 Commit = Annotated[str, Field(pattern=r"^[0-9a-f]{7,40}$")]
 

@@ -1,150 +1,180 @@
-"""The images stage as doit tasks: the local base, the profile's runtime image, and its plan."""
+"""The images stage as doit tasks: the local base and the runtime image as keyed engine steps
+whose output lives in the registry, and the plan `doit plan` prints."""
 
 from __future__ import annotations
 
 import json
 import re
-import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
-from pipelines import stack
 from pipelines.errors import PipelineError
-from pipelines.images.base import base_key, base_repository, build_base, debian_arch
+from pipelines.images.base import (
+    BASE_RECIPE_VERSION,
+    base_params,
+    base_repository,
+    build_base,
+    debian_arch,
+)
 from pipelines.images.build import (
     EXTRA_CONTEXT,
     BuildPlan,
-    build_and_push,
+    build_image,
     choose_builder,
+    git_revision,
+    image_inputs,
+    image_params,
+    image_repository,
     plan_image,
 )
-from pipelines.images.oci import LayerCache
-from pipelines.images.registry import Registry
+from pipelines.images.oci import NORMALIZER_VERSION, LayerCache, save_image_index
+from pipelines.images.registry import Registry, RegistryCache
 from pipelines.images.spec import ImageDir, load_image
 from pipelines.profiles import Profile
-from pipelines.steps import Engine, side_task
+from pipelines.steps import Engine, Step, StepRun, side_task
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    """What the edge tells the images stage: where images go and which engine builds them."""
+
+    registry: str  # host[:port][/namespace]
+    docker_host: str | None = None  # an engine to build with (the local stack's), or none
+    builder: str | None = None  # SPARKFORGE_BUILDER: engine or buildx, else chosen here
 
 
 class Images:
-    """The runtime image of one profile: its base, plan, build and push."""
+    """The runtime image of one profile: its base, plan, build and push.
 
-    def __init__(self, profile: Profile, engine: Engine):
+    Publishes `image_ref(digest)`: the image pinned by digest, for render and deploy.
+    """
+
+    name = "images"
+
+    def __init__(self, profile: Profile, engine: Engine, settings: ImageSettings):
         self.profile = profile
         self.engine = engine
+        self.settings = settings
+        host, _, namespace = settings.registry.partition("/")
+        self.registry = Registry(host)
+        self.namespace = namespace
+        self.base_step = self._base_step() if self.image.spec.base.local else None
+        self.image_step = self._image_step()
 
     @cached_property
     def image(self) -> ImageDir:
         """The profile's image folder, validated."""
         return load_image(self.profile.image)
 
-    @cached_property
-    def registry(self) -> Registry:
-        """The registry host images go to: the local stack's, or the profile's."""
-        if self.profile.local_stack:
-            return Registry(stack.read_endpoints().registry)
-        return Registry(self.profile.registry.split("/", 1)[0])
+    # --- base ------------------------------------------------------------------------------
 
-    @property
-    def namespace(self) -> str:
-        """The path in the registry in front of sparkforge/<image> (the lab's namespace)."""
-        if self.profile.local_stack or "/" not in self.profile.registry:
-            return ""
-        return self.profile.registry.split("/", 1)[1]
-
-    def base_tag(self) -> tuple[str, str]:
-        """(repository, key tag) of the local base."""
+    def _base_step(self) -> Step:
+        """The keyed step that debootstraps the local base; its output is a registry tag."""
         local = self.image.spec.base.local
-        return base_repository(local), f"key-{base_key(local, debian_arch())[:32]}"
+        repository = base_repository(local)
+
+        def debootstrap_base(run: StepRun) -> None:
+            image = build_base(local, debian_arch(), self.image.spec.source_date_epoch, run.out)
+            save_image_index(image, run.out)
+
+        return Step(
+            name="image_base",
+            recipe="debootstrap-base",
+            version=BASE_RECIPE_VERSION,
+            doc="debootstrap the local Debian base and push it under its key",
+            action=debootstrap_base,
+            params=lambda: base_params(local, debian_arch()),
+            cache=RegistryCache(self.registry, repository),
+        )
 
     def base_ref(self) -> str:
-        """The pinned reference of the image's base (the local base must be built first)."""
+        """The pinned reference of the image's base (a local base must be built first)."""
         spec = self.image.spec
         if spec.base.image:
             return spec.base.image
-        repo, tag = self.base_tag()
-        digest = self.registry.manifest_digest(repo, tag)
+        step = self.base_step
+        repository = base_repository(spec.base.local)
+        tag = RegistryCache.key_tag(self.engine.key(step))
+        digest = self.registry.manifest_digest(repository, tag)
         if digest is None:
-            raise PipelineError(f"local base {repo}:{tag} is not built yet: run `doit image_base`")
-        return f"{self.registry.host}/{repo}@{digest}"
+            raise PipelineError(
+                f"local base {repository}:{tag} is not built yet: run `doit image_base`"
+            )
+        return f"{self.registry.host}/{repository}@{digest}"
+
+    # --- image -----------------------------------------------------------------------------
+
+    def _image_step(self) -> Step:
+        """The keyed image step: Dockerfile, context, args, platform; the base as a pin."""
+        repository = image_repository(self.image.spec.name, self.namespace)
+        return Step(
+            name="image",
+            recipe="image",
+            version=NORMALIZER_VERSION,
+            doc="build the profile's runtime image once per input key, push it by digest",
+            action=self._build,
+            params=lambda: image_params(self.image),
+            inputs=image_inputs(self.image),
+            pins=lambda: {"base": self.base_ref().rsplit("@", 1)[1]},
+            cache=RegistryCache(self.registry, repository, (f"candidate-{git_revision()}",)),
+            after=("image_base",) if self.base_step else (),
+        )
 
     def plan(self) -> BuildPlan:
-        """The build plan of the profile's image."""
+        """The build plan of the profile's image (its key from the engine)."""
+        step = self.image_step
         return plan_image(
             self.image,
             self.registry.host,
             self.base_ref(),
-            self.engine.store.statcache,
+            self.engine.key(step),
+            self.engine.material(step),
             self.namespace,
         )
 
-    def image_ref(self, digest: str = "") -> str:
-        """The image pinned by digest: the one given, or the registry's for the current key."""
+    def _build(self, run: StepRun) -> None:
+        """Build and normalize the image into the step's folder; the registry cache pushes it."""
         plan = self.plan()
-        repo = f"{self.registry.host}/{plan.repository}"
-        if digest:
-            if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
-                raise PipelineError(f"image_digest={digest!r}: expected sha256:<64 hex>")
-            return f"{repo}@{digest}"
-        found = self.registry.manifest_digest(plan.repository, plan.key_tag)
-        if found is None:
-            raise PipelineError(
-                f"no image in {repo} for key {plan.key[:16]}: build it (`doit image`) or pass"
-                " image_digest=sha256:... (the digest CI pushed)"
-            )
-        return f"{repo}@{found}"
-
-    # --- base ------------------------------------------------------------------------------
-
-    def base_built(self) -> bool:
-        """True when the registry holds the local base of this key."""
-        try:
-            repo, tag = self.base_tag()
-            return self.registry.manifest_digest(repo, tag) is not None
-        except PipelineError:
-            return False
-
-    def build_base(self) -> None:
-        """debootstrap the base, pack it and push it under its key."""
-        repo, tag = self.base_tag()
-        with tempfile.TemporaryDirectory(dir=self.engine.store.root / "tmp") as work:
-            image = build_base(
-                self.image.spec.base.local,
-                debian_arch(),
-                self.image.spec.source_date_epoch,
-                Path(work),
-            )
-            digest = self.registry.push_image(repo, image, [tag])
-        print(f"image_base: {self.registry.host}/{repo}@{digest}")
-
-    # --- image -----------------------------------------------------------------------------
-
-    def built(self) -> bool:
-        """True when the registry holds the image of the current key (no build, no push)."""
-        try:
-            plan = self.plan()
-            return self.registry.manifest_digest(plan.repository, plan.key_tag) is not None
-        except PipelineError:
-            return False
-
-    def build(self) -> None:
-        """Build, normalize and push the image unless its key is in the registry."""
-        plan = self.plan()
-        client = stack.docker_client(stack.read_endpoints()) if self.profile.local_stack else None
-        builder = choose_builder(has_engine=client is not None)
-        if client is None and builder == "engine":
+        has_engine = self.settings.docker_host is not None
+        builder = choose_builder(has_engine, self.settings.builder)
+        if builder == "engine" and self.settings.docker_host is None:
             raise PipelineError(
                 f"profile {self.profile.name}: no engine and no buildx here; images for"
                 f" {plan.platform} are built by CI (`doit plan` prints the invocation)"
             )
-        store = self.engine.store.root
-        digest, built = build_and_push(
-            client, self.registry, plan, store / "tmp", LayerCache(store / "layers"), builder
-        )
-        state = f"built with {builder} and pushed" if built else "already in the registry"
-        print(
-            f"image: {self.registry.host}/{plan.repository}@{digest} ({state}, key {plan.key[:16]})"
-        )
+        client = self._docker_client() if builder == "engine" else None
+        layers = LayerCache(self.engine.store.area("layers"))
+        build_image(client, plan, builder, run.out, layers)
+        print(f"image: built with {builder}, key {plan.key[:16]}")
+
+    def _docker_client(self):
+        """A Docker SDK client for the engine the edge named."""
+        import docker
+        import docker.errors
+
+        try:
+            return docker.DockerClient(base_url=self.settings.docker_host)
+        except docker.errors.DockerException as err:
+            raise PipelineError(f"Docker engine {self.settings.docker_host}: {err}") from None
+
+    def image_ref(self, digest: str = "") -> str:
+        """The image pinned by digest: the one given, or the registry's for the current key."""
+        repository = image_repository(self.image.spec.name, self.namespace)
+        repo = f"{self.registry.host}/{repository}"
+        if digest:
+            if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+                raise PipelineError(f"image_digest={digest!r}: expected sha256:<64 hex>")
+            return f"{repo}@{digest}"
+        key = self.engine.key(self.image_step)
+        found = self.registry.manifest_digest(repository, RegistryCache.key_tag(key))
+        if found is None:
+            raise PipelineError(
+                f"no image in {repo} for key {key[:16]}: build it (`doit image`) or pass"
+                " image_digest=sha256:... (the digest CI pushed)"
+            )
+        return f"{repo}@{found}"
 
     def print_plan(self) -> None:
         """Print what building the image means: key, base, args, the exact invocation."""
@@ -155,7 +185,7 @@ class Images:
                     "image": plan.name,
                     "key": plan.key,
                     "repository": f"{plan.registry}/{plan.repository}",
-                    "tags": [plan.key_tag, "candidate-<gitsha>"],
+                    "tags": [RegistryCache.key_tag(plan.key), "candidate-<gitsha>"],
                     "platform": plan.platform,
                     "base": plan.base,
                     "build_args": plan.build_args,
@@ -173,35 +203,18 @@ class Images:
 
     # --- doit tasks ------------------------------------------------------------------------
 
-    def tasks(self) -> list[dict[str, Any]]:
+    def tasks(self) -> Iterator[dict[str, Any]]:
         """The doit task dicts of the images stage for this profile."""
         tasks = []
-        deps = []
-        if self.image.spec.base.local:
-            tasks.append(
-                side_task(
-                    "image_base",
-                    "debootstrap the local Debian base and push it under its key",
-                    self.build_base,
-                    uptodate=self.base_built,
-                )
-            )
-            deps.append("image_base")
-        tasks.append(
-            side_task(
-                "image",
-                "build the profile's runtime image once per input key, push it by digest",
-                self.build,
-                uptodate=self.built,
-                deps=deps,
-            )
-        )
+        if self.base_step:
+            tasks.append(self.engine.task(self.base_step))
+        tasks.append(self.engine.task(self.image_step))
         tasks.append(
             side_task(
                 "plan",
                 "print the image's key, base, build args and exact build invocation",
                 self.print_plan,
-                deps=list(deps),
+                deps=list(self.image_step.after),
             )
         )
-        return tasks
+        yield from tasks

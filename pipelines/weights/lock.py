@@ -10,10 +10,10 @@ import yaml
 from pydantic import Field, model_validator
 
 from pipelines.errors import PipelineError
+from pipelines.files import write_atomic
+from pipelines.paths import LOCKS_DIR
 from pipelines.schema import Strict, load_yaml_model
-from pipelines.store import REPO_ROOT, write_atomic
 
-LOCKS_DIR = REPO_ROOT / "weights"
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 FileName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
 

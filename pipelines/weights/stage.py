@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 from pipelines.errors import PipelineError
-from pipelines.store import fsync_dir
-from pipelines.weights.fetch import BlobStore
+from pipelines.files import fsync_dir
+from pipelines.weights.blobs import BlobStore
 from pipelines.weights.lock import Lock
 
 

@@ -8,9 +8,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from boto3.s3.transfer import TransferConfig
-
-from pipelines.s3 import S3Url
+from pipelines.weights.s3 import S3Url
 
 MiB = 1 << 20
 SHARDS = 48
@@ -135,6 +133,8 @@ class ChunkReader:
 
 def upload_synthetic(client, source: str, shape: SyntheticShape) -> int:
     """Write the synthetic model under source in the bucket; returns the bytes uploaded."""
+    from boto3.s3.transfer import TransferConfig  # loaded only when uploading
+
     url = S3Url.parse(source)
     config = TransferConfig(
         multipart_threshold=UPLOAD_PART, multipart_chunksize=UPLOAD_PART, max_concurrency=8

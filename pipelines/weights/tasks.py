@@ -1,18 +1,23 @@
-"""The weights stage as doit tasks: upload (synthetic), lock, fetch, patch, stage, verify."""
+"""The weights stage as doit tasks: upload (synthetic), lock, fetch, patch, stage, verify.
+
+Words: the *lock* is the lock file (`weights/<model>.lock.yaml`); *hashing the bucket* writes
+it; a blob has *one writer* at a time (an flock); nothing else here is called a lock.
+"""
 
 from __future__ import annotations
 
 import json
-import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from pipelines.errors import PipelineError
+from pipelines.paths import PATCH_SOURCE
 from pipelines.profiles import Profile
-from pipelines.s3 import S3Url, describe_s3_error, s3_client
 from pipelines.steps import Engine, Step, StepRun, side_task
-from pipelines.weights.fetch import BlobStore, FetchOptions, fetch_lock
+from pipelines.weights.blobs import BlobStore
 from pipelines.weights.lock import (
     Lock,
     LockError,
@@ -22,64 +27,52 @@ from pipelines.weights.lock import (
     require_locked,
     write_lock,
 )
-from pipelines.weights.locking import list_objects, lock_from_bucket
+from pipelines.weights.options import WeightsSettings
 from pipelines.weights.patch import ORIG_SUFFIX, config_bytes, patch_tp3, read_config
 from pipelines.weights.stage import is_staged, stage, stage_plan
-from pipelines.weights.synthetic import SyntheticShape, upload_synthetic
 
-WEIGHTS_ENV = "SPARKFORGE_WEIGHTS"
 SYNTHETIC_LOCK = "dsv41-flash-synthetic"
 
 
-def weights_root(engine: Engine) -> Path:
-    """Blobs and staged models: $SPARKFORGE_WEIGHTS, else `weights/` in the store folder."""
-    return Path(os.environ.get(WEIGHTS_ENV) or engine.store.root / "weights").absolute()
+@dataclass(frozen=True)
+class ModelOutputs:
+    """What the weights stage publishes for other stages: the lock and the patch program."""
 
+    lock_file: Path
+    patch_source: Path
+    weights: Weights
 
-def fetch_options_from_env() -> FetchOptions:
-    """Fetch tuning, per node: SPARKFORGE_FETCH_{PART_MIB,WORKERS,MAX_MBPS,FSYNC}."""
-    defaults = FetchOptions()
+    def read_lock(self) -> Lock:
+        """The profile's lock, checked against the profile's source."""
+        return self.weights.read_lock()
 
-    def number(name: str, default: float) -> float:
-        value = os.environ.get(name)
-        if not value:
-            return default
-        try:
-            parsed = float(value)
-        except ValueError:
-            parsed = 0
-        if parsed <= 0:
-            raise PipelineError(f"environment {name}={value!r}: expected a positive number")
-        return parsed
-
-    rate = number("SPARKFORGE_FETCH_MAX_MBPS", 0)
-    return FetchOptions(
-        part_size=int(
-            number("SPARKFORGE_FETCH_PART_MIB", defaults.part_size / (1 << 20)) * (1 << 20)
-        ),
-        workers=int(number("SPARKFORGE_FETCH_WORKERS", defaults.workers)),
-        max_rate=rate * 1e6 if rate else None,
-        durable=os.environ.get("SPARKFORGE_FETCH_FSYNC", "1") != "0",
-    )
+    def patch_source_text(self) -> str:
+        """The config patch program, as the patch Job runs it."""
+        return self.patch_source.read_text()
 
 
 class Weights:
     """The weights of one profile: its lock, blob store, staged folder and the tasks on them."""
 
-    def __init__(self, profile: Profile, engine: Engine, client_factory=s3_client):
+    name = "weights"
+
+    def __init__(self, profile: Profile, engine: Engine, settings: WeightsSettings):
         self.profile = profile
         self.engine = engine
+        self.settings = settings
         self.lock_file = lock_path(profile.model.lock)
-        self.blobs = BlobStore(weights_root(engine), engine.store.statcache)
-        self._client_factory = client_factory
-        self._patch = self.patch_step() if profile.model.config_patch == "tp3-heads" else None
+        self.blobs = BlobStore(settings.root, engine.store.statcache)
+        self.patch = self._patch_step() if profile.model.config_patch == "tp3-heads" else None
+        self.outputs = ModelOutputs(self.lock_file, PATCH_SOURCE, self)
 
     @cached_property
     def client(self):
         """The S3 client (created on first use: no-op runs never need one)."""
-        return self._client_factory()
+        from pipelines.weights.s3 import s3_client
 
-    def lock(self) -> Lock:
+        return s3_client()
+
+    def read_lock(self) -> Lock:
         """The profile's lock, checked against the profile's source."""
         lock = load_lock(self.lock_file)
         if lock.source != self.profile.model.source:
@@ -89,9 +82,9 @@ class Weights:
             )
         return lock
 
-    def locked(self) -> Lock:
+    def complete_lock(self) -> Lock:
         """The lock, refusing entries without a hash."""
-        lock = self.lock()
+        lock = self.read_lock()
         require_locked(lock, self.lock_file)
         return lock
 
@@ -104,35 +97,37 @@ class Weights:
 
     def synthetic_uploaded(self) -> bool:
         """True when the bucket holds exactly the locked synthetic files (one LIST call)."""
-        lock = self.lock()
+        from pipelines.weights.bucket import list_objects
+        from pipelines.weights.s3 import S3Url, s3_errors
+
+        lock = self.read_lock()
         if lock.unlocked():
             return False
-        try:
+        with s3_errors(lock.source):
             objects = list_objects(self.client, S3Url.parse(lock.source))
-        except Exception:  # an unreachable store: the action says so in one line
-            return False
         return all(objects.get(e.name) == {"size": e.size, "etag": e.etag} for e in lock.files)
 
     def upload_synthetic(self) -> None:
         """Generate the synthetic model and put it in the bucket."""
-        try:
-            sent = upload_synthetic(self.client, self.profile.model.source, SyntheticShape())
-        except PipelineError:
-            raise
-        except Exception as err:
-            raise PipelineError(describe_s3_error(err, self.profile.model.source)) from None
-        print(
-            f"synthetic_model: uploaded {sent / (1 << 20):.1f} MiB to {self.profile.model.source}"
-        )
+        from pipelines.weights.s3 import s3_errors
+        from pipelines.weights.synthetic import SyntheticShape, upload_synthetic
 
-    # --- lock ------------------------------------------------------------------------------
+        source = self.profile.model.source
+        with s3_errors(source):
+            sent = upload_synthetic(self.client, source, SyntheticShape())
+        print(f"synthetic_model: uploaded {sent / (1 << 20):.1f} MiB to {source}")
+
+    # --- hashing the bucket into the lock file ---------------------------------------------
 
     def write_lock_from_bucket(self) -> None:
         """Hash every object under the source once and write the lock."""
+        from pipelines.weights.bucket import hash_bucket
+        from pipelines.weights.s3 import s3_errors
+
         previous = load_lock(self.lock_file) if self.lock_file.exists() else None
-        lock = lock_from_bucket(
-            self.client, self.profile.model.lock, self.profile.model.source, previous
-        )
+        source = self.profile.model.source
+        with s3_errors(source):
+            lock = hash_bucket(self.client, self.profile.model.lock, source, previous)
         write_lock(lock, self.lock_file)
         print(f"lock_weights: wrote {self.lock_file} ({len(lock.files)} files, {lock.size:,} B)")
 
@@ -140,14 +135,16 @@ class Weights:
 
     def fetched(self) -> bool:
         """True when every locked file's blob is intact (stats only, for unchanged blobs)."""
-        try:
-            return not self.blobs.missing(self.locked())
-        except PipelineError:
-            return False
+        return not self.blobs.missing(self.complete_lock())
 
     def fetch(self) -> None:
         """Fetch what the blob store lacks."""
-        report = fetch_lock(self.client, self.locked(), self.blobs, fetch_options_from_env())
+        from pipelines.weights.fetch import fetch_lock
+        from pipelines.weights.s3 import s3_errors
+
+        lock = self.complete_lock()
+        with s3_errors(lock.source):
+            report = fetch_lock(self.client, lock, self.blobs, self.settings.fetch)
         print(
             f"fetch_weights: {len(report.fetched)} fetched, {len(report.reused)} already stored,"
             f" {report.downloaded:,} B downloaded, {report.read_back:,} B read back to resume"
@@ -155,11 +152,11 @@ class Weights:
 
     # --- TP3 patch -------------------------------------------------------------------------
 
-    def patch_step(self) -> Step:
+    def _patch_step(self) -> Step:
         """The keyed step writing the padded config.json as a new blob (the fetched one stays)."""
-        config_sha = self.locked_config_sha()
 
         def write_patched(run: StepRun) -> None:
+            config_sha = run.params["config_sha256"]
             config = read_config(self.blobs.blob(config_sha))
             patched = config_bytes(patch_tp3(config, "config.json"))
             (run.out / "config.json").write_bytes(patched)
@@ -173,50 +170,43 @@ class Weights:
             version=1,
             doc="pad config.json for TP3 (64 -> 72 heads, 8 -> 9 o_groups) as a new blob",
             action=write_patched,
-            params={"config_sha256": config_sha},
+            # The locked config's hash; an unusable lock fails here, in one line, not later.
+            params=lambda: {"config_sha256": self.complete_lock().entry("config.json").sha256},
+            after=("fetch_weights",),
         )
 
-    def locked_config_sha(self) -> str:
-        """The locked sha256 of config.json ('' while the lock is unusable; fetch reports why)."""
-        try:
-            return self.locked().entry("config.json").sha256
-        except PipelineError:
-            return ""
-
-    def overrides(self, patch: Step | None) -> dict[str, str]:
+    def overrides(self) -> dict[str, str]:
         """Files the patch step swapped in, or none."""
-        if patch is None:
+        if self.patch is None:
             return {}
-        return json.loads((self.engine.output(patch) / "overrides.json").read_text())
+        return json.loads((self.engine.output(self.patch) / "overrides.json").read_text())
 
-    def restore_patched_blob(self, patch: Step | None) -> None:
+    def restore_patched_blob(self) -> None:
         """Put the patched config back in the blob store from the step's output if it went."""
-        if patch is not None:
-            self.blobs.add_bytes((self.engine.output(patch) / "config.json").read_bytes())
+        if self.patch is not None:
+            self.blobs.add_bytes((self.engine.output(self.patch) / "config.json").read_bytes())
 
     # --- stage -----------------------------------------------------------------------------
 
-    def staged(self, patch: Step | None) -> bool:
+    def staged(self) -> bool:
         """True when the model folder is exactly the plan (stats only)."""
-        try:
-            if patch is not None and not self.engine.is_done(patch):
-                return False
-            plan = stage_plan(self.locked(), self.overrides(patch))
-            return is_staged(self.folder, plan, self.blobs)
-        except (PipelineError, FileNotFoundError):
+        if self.patch is not None and not self.engine.is_done(self.patch):
             return False
+        plan = stage_plan(self.complete_lock(), self.overrides())
+        return is_staged(self.folder, plan, self.blobs)
 
-    def stage(self, patch: Step | None) -> None:
+    def stage(self) -> None:
         """Link the model folder to the blobs."""
-        self.restore_patched_blob(patch)
-        linked = stage(self.folder, stage_plan(self.locked(), self.overrides(patch)), self.blobs)
+        self.restore_patched_blob()
+        plan = stage_plan(self.complete_lock(), self.overrides())
+        linked = stage(self.folder, plan, self.blobs)
         print(f"stage_weights: {self.folder} ({len(linked)} names linked)")
 
     # --- verify ----------------------------------------------------------------------------
 
     def verify(self) -> None:
         """Re-hash every blob of the lock now (in parallel, past the stat cache); drop bad ones."""
-        lock = self.locked()
+        lock = self.complete_lock()
         blobs = {e.name: self.blobs.blob(e.sha256).absolute() for e in lock.files}
         digests = self.blobs.statcache.digest_files(
             [path for path in blobs.values() if path.exists()], fresh=True
@@ -235,7 +225,7 @@ class Weights:
                 )
                 + " (removed; `doit build` fetches them again)"
             )
-        if self.folder.exists() and not self.staged(self._patch):
+        if self.folder.exists() and not self.staged():
             raise PipelineError(
                 f"verify_weights: {self.folder} differs from the lock; run `doit stage_weights`"
             )
@@ -243,7 +233,7 @@ class Weights:
 
     # --- doit tasks ------------------------------------------------------------------------
 
-    def tasks(self) -> list[dict[str, Any]]:
+    def tasks(self) -> Iterator[dict[str, Any]]:
         """The doit task dicts of the weights stage for this profile."""
         tasks = []
         fetch_deps = []
@@ -253,7 +243,7 @@ class Weights:
                     "synthetic_model",
                     "generate the small synthetic model and upload it to the local S3",
                     self.upload_synthetic,
-                    uptodate=self.synthetic_uploaded,
+                    uptodate=answer_or_run(self.synthetic_uploaded),
                 )
             )
             fetch_deps.append("synthetic_model")
@@ -270,23 +260,20 @@ class Weights:
                 "fetch_weights",
                 "fetch the locked files from S3 into the blob store, sha256-checked",
                 self.fetch,
-                uptodate=self.fetched,
+                uptodate=answer_or_run(self.fetched),
                 deps=fetch_deps,
             )
         )
-        patch = self._patch
         stage_deps = ["fetch_weights"]
-        if patch is not None:
-            task = self.engine.task(patch)
-            task["task_dep"] = ["fetch_weights"]
-            tasks.append(task)
-            stage_deps.append(patch.name)
+        if self.patch is not None:
+            tasks.append(self.engine.task(self.patch))
+            stage_deps.append(self.patch.name)
         tasks.append(
             side_task(
                 "stage_weights",
                 "link the model folder <weights>/models/<cacheKey> to the verified blobs",
-                lambda: self.stage(patch),
-                uptodate=lambda: self.staged(patch),
+                self.stage,
+                uptodate=answer_or_run(self.staged),
                 deps=stage_deps,
             )
         )
@@ -297,4 +284,16 @@ class Weights:
                 self.verify,
             )
         )
-        return tasks
+        yield from tasks
+
+
+def answer_or_run(check):
+    """An uptodate check that says 'run' when it cannot answer: the action then says why."""
+
+    def uptodate() -> bool:
+        try:
+            return check()
+        except (PipelineError, FileNotFoundError):
+            return False
+
+    return uptodate

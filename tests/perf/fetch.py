@@ -26,12 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from plot import bar_chart  # noqa: E402
 
-from pipelines import stack  # noqa: E402
+import devstack  # noqa: E402
 from pipelines.progress import NoProgress  # noqa: E402
-from pipelines.s3 import S3Url, s3_client  # noqa: E402
 from pipelines.statcache import StatCache  # noqa: E402
-from pipelines.weights.fetch import BlobStore, FetchOptions, fetch_lock  # noqa: E402
-from pipelines.weights.locking import list_objects, lock_from_bucket  # noqa: E402
+from pipelines.weights.blobs import BlobStore  # noqa: E402
+from pipelines.weights.bucket import hash_bucket, list_objects  # noqa: E402
+from pipelines.weights.fetch import fetch_lock  # noqa: E402
+from pipelines.weights.options import FetchOptions  # noqa: E402
+from pipelines.weights.s3 import S3Url, s3_client  # noqa: E402
 from pipelines.weights.synthetic import SyntheticShape, model_names, upload_synthetic  # noqa: E402
 
 MiB = 1 << 20
@@ -45,7 +47,7 @@ def ensure_model(client, source: str, shape: SyntheticShape):
         print(f"uploading synthetic model to {source} ...", flush=True)
         upload_synthetic(client, source, shape)
     print("locking (streaming every object through sha256) ...", flush=True)
-    return lock_from_bucket(client, "perf", source, previous=None)
+    return hash_bucket(client, "perf", source, previous=None)
 
 
 def run_ours(lock, dest: Path, options: FetchOptions) -> None:
@@ -99,8 +101,8 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None)
     args = parser.parse_args()
 
-    endpoints = stack.up()
-    stack.export_s3_environment()
+    endpoints = devstack.up()
+    devstack.export_s3_environment()
     endpoint = endpoints.s3_url
     shape = SyntheticShape(shard_bytes=args.shard_mib * MiB, engram_bytes=args.engram_mib * MiB)
     source = f"s3://models/perf/synthetic-{args.shard_mib}-{args.engram_mib}"

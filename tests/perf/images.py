@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "tests" / "perf"))
 
 from plot import bar_chart  # noqa: E402
 
-from pipelines import stack  # noqa: E402
+import devstack  # noqa: E402
 from pipelines.images.build import RECEIPT, build_and_push, plan_image  # noqa: E402
 from pipelines.images.oci import LayerCache  # noqa: E402
 from pipelines.images.registry import Registry  # noqa: E402
@@ -53,8 +53,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    endpoints = stack.up()
-    client = stack.docker_client(endpoints)
+    endpoints = devstack.up()
+    client = devstack.docker_client(endpoints)
     registry = Registry(endpoints.registry)
 
     hits = time_cache_hit(5)

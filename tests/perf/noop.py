@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from keying import model_sizes, read_chars  # noqa: E402
 
 from pipelines.statcache import StatCache, stat_key  # noqa: E402
-from pipelines.weights.fetch import BlobStore  # noqa: E402
+from pipelines.weights.blobs import BlobStore  # noqa: E402
 from pipelines.weights.lock import Lock, cache_key  # noqa: E402
 from pipelines.weights.stage import is_staged, stage, stage_plan  # noqa: E402
 

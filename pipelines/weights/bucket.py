@@ -1,19 +1,17 @@
-"""Write a lock from what the bucket holds: every object streamed through sha256 once."""
+"""Hash what the bucket holds: every object streamed through sha256 once, for a new lock."""
 
 from __future__ import annotations
 
 import hashlib
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 from pipelines.progress import Progress
-from pipelines.s3 import S3Url
-from pipelines.weights.fetch import RETRYABLE
 from pipelines.weights.lock import Lock, LockEntry, LockError
+from pipelines.weights.ranges import read_range
+from pipelines.weights.s3 import S3Url
 
 MD5SUMS = "MD5SUMS.body"
 RANGE = 32 << 20
-RETRIES = 5
 
 
 def list_objects(client, url: S3Url) -> dict[str, dict]:
@@ -36,25 +34,13 @@ def hash_object(client, url: S3Url, name: str, size: int, progress: Progress) ->
     101 GB shard costs one range, not the whole object.
     """
     sha, md5 = hashlib.sha256(), hashlib.md5()
+    buffer = bytearray(min(RANGE, size))
     for start in range(0, size, RANGE):
-        end = min(start + RANGE, size) - 1
-        for attempt in range(RETRIES + 1):
-            try:
-                body = client.get_object(
-                    Bucket=url.bucket, Key=url.key(name), Range=f"bytes={start}-{end}"
-                )["Body"]
-                with body:
-                    data = body.read()
-                if len(data) == end - start + 1:
-                    break
-            except RETRYABLE:
-                pass
-            if attempt == RETRIES:
-                raise LockError(f"{url.key(name)}: bytes {start}-{end} failed {RETRIES + 1} times")
-            time.sleep(min(2**attempt * 0.2, 5))
-        sha.update(data)
-        md5.update(data)
-        progress.advance(name, len(data))
+        view = memoryview(buffer)[: min(RANGE, size - start)]
+        read_range(client, url, name, start, view)
+        sha.update(view)
+        md5.update(view)
+        progress.advance(name, len(view))
     return sha.hexdigest(), md5.hexdigest()
 
 
@@ -68,7 +54,7 @@ def parse_md5sums(text: str) -> dict[str, str]:
     return sums
 
 
-def lock_from_bucket(client, model: str, source: str, previous: Lock | None, workers: int = 4):
+def hash_bucket(client, model: str, source: str, previous: Lock | None, workers: int = 4) -> Lock:
     """A lock of every object under source, cross-checked against MD5SUMS.body if shipped.
 
     The previous lock's file order is kept; names it lists that the bucket lacks are an error.

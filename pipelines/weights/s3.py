@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import boto3
@@ -61,3 +63,12 @@ def describe_s3_error(err: Exception, what: str) -> str:
         code = err.response.get("Error", {}).get("Code", "?")
         return f"{what}: S3 said {code}"
     return f"{what}: {type(err).__name__}: {err}"
+
+
+@contextlib.contextmanager
+def s3_errors(what: str) -> Iterator[None]:
+    """Turn a failed S3 call inside the block into one PipelineError line about what."""
+    try:
+        yield
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
+        raise PipelineError(describe_s3_error(err, what)) from None

@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
-import jsonschema
-import kubernetes_validate
-
-from pipelines.render import LLMKUBE, TEMPLATES, Document
+from pipelines.paths import SCHEMAS_DIR
+from pipelines.render.documents import LLMKUBE, Document
 
 K8S_VERSION = "1.33"
 ROCE_DEVICES = ("rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1")
 ATTENTION_HEADS = 64  # DeepSeek-V4.1-Flash; a TP that does not divide it needs the padded config
 TP3_MIN_GPU_MEMORY = 0.78  # measured floor that leaves a KV pool at TP3 (0.72 goes negative)
 PINNED = re.compile(r"@sha256:[0-9a-f]{64}$")
-SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|ACCESS_KEY", re.IGNORECASE)
 
 
 def violation(doc: str, path: Iterable, rule: str, found: Any) -> str:
@@ -34,11 +30,14 @@ def violation(doc: str, path: Iterable, rule: str, found: Any) -> str:
 @cache
 def llmkube_schema(kind: str) -> dict:
     """The JSON Schema this project keeps for an llmkube kind."""
-    return json.loads((TEMPLATES / "schemas" / f"{kind.lower()}.schema.json").read_text())
+    return json.loads((SCHEMAS_DIR / f"{kind.lower()}.schema.json").read_text())
 
 
 def check_schema(doc: Document) -> list[str]:
     """llmkube kinds against our schemas; core kinds against Kubernetes' own, unknown fields out."""
+    import jsonschema  # loaded when something is rendered, not for a no-op run
+    import kubernetes_validate
+
     body = doc.body
     if body.get("apiVersion") == LLMKUBE:
         validator = jsonschema.Draft202012Validator(
@@ -199,12 +198,6 @@ def images_in(body: Any, path: tuple = ()) -> Iterable[tuple[tuple, Any]]:
     elif isinstance(body, list):
         for i, value in enumerate(body):
             yield from images_in(value, (*path, i))
-
-
-def secret_values(environ: dict[str, str] | None = None) -> list[str]:
-    """Values that must never appear in output: secrets from the environment."""
-    environ = os.environ if environ is None else environ
-    return [v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= 8]
 
 
 def check_secrets(docs: list[Document], secrets: list[str]) -> list[str]:

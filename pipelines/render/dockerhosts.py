@@ -1,11 +1,13 @@
-"""Launch plans for Docker-host rings (tp4-ring): one per node, what the deploy step runs."""
+"""The Docker-hosts renderer (tp4-ring): one launch plan per node, what the deploy step runs."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from pipelines.profiles import Profile
-from pipelines.render import Document
+from pipelines.render.documents import Document, RenderError, RenderInputs
+from pipelines.render.validate import check_ring_rules, check_secrets
+from pipelines.weights import cache_key
 
 
 def sglang_env(profile: Profile, rank: int) -> dict[str, str]:
@@ -110,3 +112,13 @@ def launch_plans(profile: Profile, image: str, weights_path: str) -> list[Docume
         }
         plans.append(Document(f"launch-{rank}-{member.node}.yaml", plan))
     return plans
+
+
+def render(profile: Profile, model: RenderInputs, secrets: list[str]) -> list[Document]:
+    """The launch plans of a profile, validated (images pinned, no secrets)."""
+    weights = f"{profile.node_weights_root}/models/{cache_key(model.lock.source)}"
+    docs = launch_plans(profile, model.image, weights)
+    violations = check_ring_rules(docs) + check_secrets(docs, secrets)
+    if violations:
+        raise RenderError("\n".join(violations))
+    return docs

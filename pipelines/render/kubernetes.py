@@ -1,45 +1,25 @@
-"""Render a profile into llmkube manifests (tp3-ring) or Docker-host launch plans (tp4-ring).
+"""The Kubernetes renderer (tp3-ring): llmkube manifests from profile, lock and image digest.
 
-Rendering is pure: profile, lock and image digest in, documents out. Every document is then
-validated offline (schemas, the operator's cross-field rules, the ring's own rules, core
-Kubernetes kinds) and nothing is accepted while any rule is broken.
+Rendering is pure: profile, lock and image digest in, documents out; validate.py checks them.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import jinja2
-import yaml
-
-from pipelines.errors import PipelineError
 from pipelines.profiles import Profile
-from pipelines.store import REPO_ROOT
-from pipelines.weights.lock import Lock, cache_key
+from pipelines.render.documents import (
+    Document,
+    RenderError,
+    RenderInputs,
+    render_template,
+    template_env,
+)
+from pipelines.render.validate import validate_documents
+from pipelines.weights import Lock, cache_key
 
-TEMPLATES = REPO_ROOT / "manifests"
-PATCH_SOURCE = REPO_ROOT / "pipelines" / "weights" / "patch.py"
 CACHE_ROOT = "/cache"  # one hostPath volume for every JIT/compile cache (survives reboots)
-LLMKUBE = "inference.llmkube.dev/v1alpha1"
-
-
-class RenderError(PipelineError):
-    """A profile that renders into something that must not reach a cluster."""
-
-
-@dataclass(frozen=True)
-class Document:
-    """One rendered object and the file it is written to."""
-
-    file: str
-    body: dict[str, Any]
-
-    def text(self) -> str:
-        """The document as YAML with a stable key order."""
-        return yaml.safe_dump(self.body, sort_keys=True, default_flow_style=False, width=1000)
 
 
 def fabric_env(profile: Profile) -> dict[str, str]:
@@ -98,7 +78,7 @@ def vllm_args(profile: Profile) -> list[str]:
     return args + list(v.extra_args)
 
 
-def render_context(profile: Profile, lock: Lock, image: str) -> dict[str, Any]:
+def render_context(profile: Profile, lock: Lock, image: str, patch_source: str) -> dict[str, Any]:
     """Everything the templates read, computed from profile, lock and image (pure)."""
     key = cache_key(lock.source)
     k8s = profile.kubernetes
@@ -150,34 +130,16 @@ def render_context(profile: Profile, lock: Lock, image: str) -> dict[str, Any]:
             "node_path": k8s.node_cache_path,
         },
         "hygiene": profile.hygiene.model_dump(),
-        "patch_source": PATCH_SOURCE.read_text(),
+        "patch_source": patch_source,
     }
 
 
-def template_env(folder: Path = TEMPLATES) -> jinja2.Environment:
-    """jinja2 with StrictUndefined: a missing value is an error, never an empty string."""
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(folder),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-
-
-def render_template(env: jinja2.Environment, name: str, context: dict) -> list[dict]:
-    """The objects of one template (one or more YAML documents)."""
-    try:
-        text = env.get_template(name).render(**context)
-    except jinja2.UndefinedError as err:
-        raise RenderError(f"{TEMPLATES / name}: {err.message}") from None
-    return [doc for doc in yaml.safe_load_all(text) if doc]
-
-
-def render_kubernetes(profile: Profile, lock: Lock, image: str) -> list[Document]:
+def render_kubernetes(
+    profile: Profile, lock: Lock, image: str, patch_source: str
+) -> list[Document]:
     """The llmkube documents of a profile, in the order they must be applied."""
     env = template_env()
-    context = render_context(profile, lock, image)
+    context = render_context(profile, lock, image, patch_source)
     docs: list[Document] = []
 
     def add(prefix: str, template: str, extra: dict | None = None) -> None:
@@ -211,7 +173,10 @@ def kustomization(docs: list[Document]) -> Document:
     return Document("kustomization.yaml", body)
 
 
-def write_documents(docs: list[Document], folder: Path) -> None:
-    """Write each document to its file (the store makes the folder appear whole)."""
-    for doc in docs:
-        (folder / doc.file).write_text(doc.text())
+def render(profile: Profile, model: RenderInputs, secrets: list[str]) -> list[Document]:
+    """Render, validate (raising with one line per violation), then add the kustomization."""
+    docs = render_kubernetes(profile, model.lock, model.image, model.patch_source)
+    violations = validate_documents(docs, secrets)
+    if violations:
+        raise RenderError("\n".join(violations))
+    return [*docs, kustomization(docs)]

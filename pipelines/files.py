@@ -1,0 +1,76 @@
+"""Durable file writes and content hashing: the one place that fsyncs, renames and hashes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+CHUNK = 4 << 20
+
+
+def hash_file(path: Path) -> str:
+    """sha256 of a file, read in large chunks (hashlib releases the GIL for them)."""
+    digest = hashlib.sha256()
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            digest.update(view[:n])
+    return digest.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    """sha256 of bytes in memory, as hex."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def fsync_fd(fd: int) -> None:
+    """Flush one open file's bytes to disk."""
+    os.fsync(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries (new names, renames) to disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """Flush every file and folder below root to disk, so a rename publishes durable bytes."""
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path):
+                continue
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write a file whole or not at all: a new temp file (created with mode), fsync, rename.
+
+    A new inode each time, so a hard link to the old file is never written through.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    # Created with its final mode: a chmod afterwards would leave a readable window.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)

@@ -1,0 +1,15 @@
+"""Where the checkout keeps what the pipeline reads: the one table of repository paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PROFILES_DIR = REPO_ROOT / "pipelines" / "profiles"
+IMAGES_DIR = REPO_ROOT / "images"
+RECEIPT = IMAGES_DIR / "receipt.py"
+MANIFESTS_DIR = REPO_ROOT / "manifests"
+SCHEMAS_DIR = MANIFESTS_DIR / "schemas"
+LOCKS_DIR = REPO_ROOT / "weights"
+PATCH_SOURCE = REPO_ROOT / "pipelines" / "weights" / "patch.py"
+DEFAULT_STORE = REPO_ROOT / ".store"

@@ -1,0 +1,44 @@
+"""The profile stage: the chosen profile, validated and stored as canonical JSON, keyed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pipelines.keys import canonical_json
+from pipelines.paths import PROFILES_DIR
+from pipelines.profiles import load_profile, profile_path
+from pipelines.steps import Engine, Step, StepRun
+
+
+def profile_step(name: str, folder: Path = PROFILES_DIR) -> Step:
+    """The keyed step that validates a profile and stores it as canonical JSON for later steps."""
+
+    def write_profile(run: StepRun) -> None:
+        profile = load_profile(name, folder)
+        (run.out / "profile.json").write_bytes(canonical_json(profile.model_dump(mode="json")))
+
+    return Step(
+        name="profile",
+        recipe="profile",
+        version=1,
+        doc="validate the chosen profile and store it, keyed by its content",
+        action=write_profile,
+        params={"profile": name},
+        inputs={"profile": profile_path(name, folder)},
+    )
+
+
+class ProfileCheck:
+    """The profile stage of one profile name; publishes `step`."""
+
+    name = "profile"
+
+    def __init__(self, profile_name: str, engine: Engine, folder: Path = PROFILES_DIR):
+        self.engine = engine
+        self.step = profile_step(profile_name, folder)
+
+    def tasks(self) -> Iterator[dict[str, Any]]:
+        """The profile task."""
+        yield self.engine.task(self.step)

@@ -1,0 +1,67 @@
+"""Rendered documents: what a renderer returns, the templates it fills, how they are written."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from pipelines.errors import PipelineError
+from pipelines.paths import MANIFESTS_DIR
+from pipelines.weights import Lock
+
+LLMKUBE = "inference.llmkube.dev/v1alpha1"
+
+
+@dataclass(frozen=True)
+class RenderInputs:
+    """What a renderer is given besides the profile: published outputs of other stages."""
+
+    lock: Lock
+    image: str  # pinned by digest
+    patch_source: str  # the config patch program the patch Job runs
+
+
+class RenderError(PipelineError):
+    """A profile that renders into something that must not reach a cluster."""
+
+
+@dataclass(frozen=True)
+class Document:
+    """One rendered object and the file it is written to."""
+
+    file: str
+    body: dict[str, Any]
+
+    def text(self) -> str:
+        """The document as YAML with a stable key order."""
+        return yaml.safe_dump(self.body, sort_keys=True, default_flow_style=False, width=1000)
+
+
+def template_env(folder: Path = MANIFESTS_DIR) -> jinja2.Environment:
+    """jinja2 with StrictUndefined: a missing value is an error, never an empty string."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(folder),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def render_template(env: jinja2.Environment, name: str, context: dict) -> list[dict]:
+    """The objects of one template (one or more YAML documents)."""
+    try:
+        text = env.get_template(name).render(**context)
+    except jinja2.UndefinedError as err:
+        raise RenderError(f"{MANIFESTS_DIR / name}: {err.message}") from None
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def write_documents(docs: list[Document], folder: Path) -> None:
+    """Write each document to its file (the store makes the folder appear whole)."""
+    for doc in docs:
+        (folder / doc.file).write_text(doc.text())

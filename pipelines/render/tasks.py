@@ -1,0 +1,95 @@
+"""The render stage as a keyed step: render, validate offline, and store only what passed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pipelines.paths import MANIFESTS_DIR
+from pipelines.profiles import Profile, ProfileError
+from pipelines.render import dockerhosts, kubernetes
+from pipelines.render.documents import Document, RenderInputs, write_documents
+from pipelines.steps import Engine, Step, StepRun
+from pipelines.weights import ModelOutputs
+
+Renderer = Callable[[Profile, RenderInputs, list[str]], list[Document]]
+
+# (deploy, runtime) -> renderer; None: the pair deploys without rendered documents (yet).
+RENDERERS: dict[tuple[str, str], Renderer | None] = {
+    ("kubernetes", "vllm"): kubernetes.render,
+    ("docker", "sglang"): dockerhosts.render,
+    ("docker", "simulated"): None,
+}
+
+
+def renderer_for(profile: Profile, path: Path | None = None) -> Renderer | None:
+    """The renderer of a profile's (deploy, runtime), or ProfileError naming the pair."""
+    pair = (profile.deploy, profile.runtime)
+    if pair not in RENDERERS:
+        known = ", ".join(f"{d}+{r}" for d, r in RENDERERS)
+        where = path or f"profile {profile.name}"
+        raise ProfileError(
+            f"{where}: fields 'deploy' and 'runtime': {profile.deploy}+{profile.runtime} is not"
+            f" supported; expected one of: {known}"
+        )
+    return RENDERERS[pair]
+
+
+class Render:
+    """The render stage of one profile; publishes `step`, whose output folder is the manifests."""
+
+    name = "render"
+
+    def __init__(
+        self,
+        profile: Profile,
+        engine: Engine,
+        model: ModelOutputs,
+        image: Callable[[], str],
+        secrets: list[str],
+        after: tuple[str, ...] = (),
+    ):
+        self.profile = profile
+        self.engine = engine
+        self.renderer = renderer_for(profile)
+        self.step = self._step(model, image, secrets, after) if self.renderer else None
+
+    def _step(
+        self,
+        model: ModelOutputs,
+        image: Callable[[], str],
+        secrets: list[str],
+        after: tuple[str, ...],
+    ) -> Step:
+        """The keyed render step: profile, image, lock, templates and patch code."""
+        profile, renderer = self.profile, self.renderer
+
+        def render(run: StepRun) -> None:
+            inputs = RenderInputs(model.read_lock(), run.params["image"], model.patch_source_text())
+            docs = renderer(profile, inputs, secrets)
+            write_documents(docs, run.out)
+            print(f"render: {len(docs)} documents for {profile.name}:")
+            for doc in docs:
+                print(f"  {doc.file}")
+
+        return Step(
+            name="render",
+            recipe="render",
+            version=1,
+            doc="render and validate the profile's manifests or launch plans, keyed by inputs",
+            action=render,
+            params=lambda: {"profile": json.loads(profile.model_dump_json()), "image": image()},
+            inputs={
+                "templates": MANIFESTS_DIR,
+                "lock": model.lock_file,
+                "patch": model.patch_source,
+            },
+            after=after,
+        )
+
+    def tasks(self) -> Iterator[dict[str, Any]]:
+        """The render task, for profiles whose pair renders documents."""
+        if self.step:
+            yield self.engine.task(self.step)

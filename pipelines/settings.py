@@ -1,0 +1,65 @@
+"""Settings from the environment, read once at the edge (dodo.py) and passed to the stages."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipelines.errors import PipelineError
+from pipelines.paths import DEFAULT_STORE
+
+STORE_ENV = "SPARKFORGE_STORE"
+WEIGHTS_ENV = "SPARKFORGE_WEIGHTS"
+BUILDER_ENV = "SPARKFORGE_BUILDER"
+# Names whose values are secrets: never rendered, printed or stored (checked on output).
+SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|ACCESS_KEY", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the pipeline takes from the environment."""
+
+    store: Path
+    weights: Path | None
+    fetch_part_mib: float | None
+    fetch_workers: int | None
+    fetch_max_mbps: float | None
+    fetch_durable: bool
+    builder: str | None
+    secrets: tuple[str, ...] = field(repr=False, default=())
+
+
+def positive(environ: Mapping[str, str], name: str) -> float | None:
+    """A positive number from the environment, None when unset; one line when malformed."""
+    value = environ.get(name)
+    if not value:
+        return None
+    try:
+        parsed = float(value)
+    except ValueError:
+        parsed = 0
+    if parsed <= 0:
+        raise PipelineError(f"environment {name}={value!r}: expected a positive number")
+    return parsed
+
+
+def secret_values(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """Values that must never appear in output: secrets from the environment."""
+    return tuple(v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= 8)
+
+
+def read_settings(environ: Mapping[str, str]) -> Settings:
+    """The settings of this run, from environ (os.environ at the edge)."""
+    workers = positive(environ, "SPARKFORGE_FETCH_WORKERS")
+    return Settings(
+        store=Path(environ.get(STORE_ENV) or DEFAULT_STORE).absolute(),
+        weights=Path(environ[WEIGHTS_ENV]).absolute() if environ.get(WEIGHTS_ENV) else None,
+        fetch_part_mib=positive(environ, "SPARKFORGE_FETCH_PART_MIB"),
+        fetch_workers=int(workers) if workers else None,
+        fetch_max_mbps=positive(environ, "SPARKFORGE_FETCH_MAX_MBPS"),
+        fetch_durable=environ.get("SPARKFORGE_FETCH_FSYNC", "1") != "0",
+        builder=environ.get(BUILDER_ENV) or None,
+        secrets=secret_values(environ),
+    )

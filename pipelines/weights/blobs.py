@@ -1,0 +1,76 @@
+"""The blob store: model files named by their sha256, partial downloads, and staged folders."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from pipelines.files import fsync_dir, sha256_bytes, write_atomic
+from pipelines.statcache import StatCache, stat_key
+from pipelines.weights.lock import Lock, LockEntry
+
+
+class BlobStore:
+    """Blobs named by their sha256 (read-only), partial downloads, and staged model folders."""
+
+    def __init__(self, root: Path, statcache: StatCache):
+        self.root = Path(root)
+        self.statcache = statcache
+        self.blobs = self.root / "blobs" / "sha256"
+        self.partial = self.root / "partial"
+        self.models = self.root / "models"
+        for folder in (self.blobs, self.partial, self.models):
+            folder.mkdir(parents=True, exist_ok=True)
+
+    def blob(self, sha256: str) -> Path:
+        """The path of a blob."""
+        return self.blobs / sha256
+
+    def partial_file(self, sha256: str) -> Path:
+        """Where the download of a blob grows (always a prefix of the blob)."""
+        return self.partial / f"{sha256}.part"
+
+    def is_intact(self, sha256: str, size: int) -> bool:
+        """True when the blob exists with its size and digest (a stat, unless never hashed)."""
+        path = self.blob(sha256)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return False
+        if st.st_size != size:
+            return False
+        cached = self.statcache.lookup(path.absolute(), st)
+        if cached is None:
+            cached = self.statcache.digest_file(path)
+        return cached == sha256
+
+    def missing(self, lock: Lock) -> list[LockEntry]:
+        """Lock entries whose blob is absent or not intact."""
+        return [e for e in lock.files if not self.is_intact(e.sha256, e.size)]
+
+    def add_bytes(self, data: bytes) -> str:
+        """Put a small blob made here (e.g. a patched config) into the store; returns its sha256."""
+        sha = sha256_bytes(data)
+        if not self.is_intact(sha, len(data)):
+            tmp = self.partial / f"{sha}.{os.getpid()}.new"
+            write_atomic(tmp, data, mode=0o444)
+            self.publish(tmp, sha)
+        return sha
+
+    def publish(self, verified: Path, sha256: str) -> None:
+        """Make a verified, durable file the blob of sha256: read-only, renamed, recorded."""
+        os.chmod(verified, 0o444)  # staged names are hard links to this inode: nobody writes it
+        path = self.blob(sha256)
+        os.rename(verified, path)
+        fsync_dir(self.blobs)
+        self.statcache.record([(path.absolute(), stat_key(os.stat(path)), sha256)])
+
+    @contextlib.contextmanager
+    def one_writer(self, sha256: str) -> Iterator[None]:
+        """Be the only process writing the blob of sha256 (an flock on its own file)."""
+        with open(self.partial / f"{sha256}.writer", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
