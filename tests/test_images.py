@@ -21,7 +21,6 @@ from pipelines.images.build import (
     buildx_available,
     buildx_command,
     choose_builder,
-    git_revision,
 )
 from pipelines.images.dockerfile import check_contents, check_froms
 from pipelines.images.registry import Registry, RegistryCache
@@ -153,7 +152,9 @@ def test_local_sim_is_built_once_per_key_and_a_changed_byte_rebuilds(
     assert f"image: built {key[:16]} in registry" in capsys.readouterr().out
     digest = registry.manifest_digest(repository, RegistryCache.key_tag(key))
     assert digest is not None
-    assert registry.manifest_digest(repository, f"candidate-{git_revision()}") is not None
+    (candidate,) = images.image_step.cache.extra_tags  # the checkout's commit, as CI tags
+    assert re.fullmatch(r"candidate-[0-9a-f]{12}", candidate)
+    assert registry.manifest_digest(repository, candidate) is not None
     assert images.image_ref() == f"{stack.registry}/{repository}@{digest}"
     assert images.plan().base == local_base
 

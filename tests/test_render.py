@@ -280,7 +280,7 @@ def test_doit_render_prints_the_documents_and_a_second_run_does_nothing(tmp_path
 
 def test_a_missing_tp3_patch_job_is_refused_by_the_patch_job_rule():
     docs = tp3_docs()
-    without = [d for d in docs if not d.file == "40-job-dsv41-flash-tp3-patch-1.yaml"]
+    without = [d for d in docs if d.file != "40-job-dsv41-flash-tp3-patch-1.yaml"]
     assert len(without) == len(docs) - 1
     found = validate_documents(without, secrets=[])
     assert found == [

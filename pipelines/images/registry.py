@@ -8,12 +8,13 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import requests
+from typing import TYPE_CHECKING, Any
 
 from pipelines.images.oci import MANIFEST_TYPE, Image, load_image_index
 from pipelines.images.spec import ImageError
+
+if TYPE_CHECKING:
+    import requests
 
 ACCEPT = ", ".join(
     [
@@ -40,6 +41,8 @@ class Registry:
 
     def _call(self, method: str, url: str, body: Path | bytes | None = None, **kwargs):
         """One request; on a 401 it logs in as the challenge asks and tries once more."""
+        import requests  # loaded on the first registry call, not for a run that makes none
+
         headers = kwargs.pop("headers", {})
         for attempt in range(2):
             auth = self._tokens.get(self._scope_of(url), {})
@@ -61,6 +64,8 @@ class Registry:
 
     @staticmethod
     def _send(method, url, data, headers, kwargs) -> requests.Response:
+        import requests
+
         return requests.request(method, url, data=data, headers=headers, timeout=300, **kwargs)
 
     def _scope_of(self, url: str) -> str:
@@ -73,6 +78,8 @@ class Registry:
 
     def _login(self, challenge: str) -> dict[str, str]:
         """The Authorization header a WWW-Authenticate challenge asks for (Basic or Bearer)."""
+        import requests
+
         creds = registry_credentials(self.host)
         if creds is None:
             raise ImageError(

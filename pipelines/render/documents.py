@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jinja2
 import yaml
 
 from pipelines.errors import PipelineError
 from pipelines.paths import MANIFESTS_DIR
 from pipelines.weights import Lock
+
+if TYPE_CHECKING:
+    import jinja2
 
 LLMKUBE = "inference.llmkube.dev/v1alpha1"
 
@@ -43,6 +45,8 @@ class Document:
 
 def template_env(folder: Path = MANIFESTS_DIR) -> jinja2.Environment:
     """jinja2 with StrictUndefined: a missing value is an error, never an empty string."""
+    import jinja2  # loaded when something is rendered, not for a no-op run
+
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(folder),
         undefined=jinja2.StrictUndefined,
@@ -54,6 +58,8 @@ def template_env(folder: Path = MANIFESTS_DIR) -> jinja2.Environment:
 
 def render_template(env: jinja2.Environment, name: str, context: dict) -> list[dict]:
     """The objects of one template (one or more YAML documents)."""
+    import jinja2
+
     try:
         text = env.get_template(name).render(**context)
     except jinja2.UndefinedError as err:

@@ -1,0 +1,79 @@
+"""The import contracts hold, and they fail when a forbidden import is added."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def copy_project(tmp_path: Path) -> Path:
+    """The packages and the configuration the linters read, in a scratch folder."""
+    for folder in ("pipelines", "devstack", "images"):
+        shutil.copytree(REPO / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__py*"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    return tmp_path
+
+
+def lint_imports(folder: Path) -> subprocess.CompletedProcess:
+    """lint-imports run on a folder (its packages first on the path)."""
+    return subprocess.run(
+        [str(BIN / "lint-imports"), "--no-cache"],
+        cwd=folder,
+        env={"PYTHONPATH": str(folder), "PATH": str(BIN)},
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_the_shipped_tree_keeps_every_contract(tmp_path):
+    result = lint_imports(copy_project(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        ("pipelines/steps.py", "import pipelines.weights", "The engine imports no stage"),
+        ("pipelines/store.py", "import requests", "import no outside-world library"),
+        ("pipelines/profiles.py", "import pipelines.steps", "The edge imports neither"),
+        ("pipelines/images/tasks.py", "import devstack", "No stage imports the local stack"),
+        ("pipelines/render/tasks.py", "import pipelines.weights.fetch", "Render uses other"),
+    ],
+)
+def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):
+    folder = copy_project(tmp_path)
+    path = folder / module
+    path.write_text(path.read_text() + f"\n{line}  # the forbidden import\n")
+    result = lint_imports(folder)
+    assert result.returncode != 0
+    broken = [row for row in result.stdout.splitlines() if row.endswith("BROKEN")]
+    assert any(contract in row for row in broken), result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line"),
+    [
+        ("images/local-sim/server.py", "import pipelines.steps"),
+        ("pipelines/steps.py", "import dodo"),
+    ],
+)
+def test_importing_dodo_or_the_pipeline_into_an_image_is_refused_by_ruff(tmp_path, module, line):
+    folder = copy_project(tmp_path)
+    path = folder / module
+    path.write_text(path.read_text() + f"\n{line}  # noqa: F401, E402\n")
+    result = subprocess.run(
+        [str(BIN / "ruff"), "check", "--no-cache", module],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0
+    assert "TID251" in result.stdout, result.stdout
