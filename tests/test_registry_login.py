@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import socket
 import subprocess
 import tarfile
@@ -107,3 +108,33 @@ def test_push_logs_in_from_docker_config_and_never_shows_the_secret(
     with pytest.raises(ImageError) as err:
         Registry(host).manifest_digest("sparkforge/tiny", "v1")
     assert "HTTP 401" in str(err.value) and "wrong" not in str(err.value)
+
+
+def test_a_credential_helper_wins_over_auths_for_the_same_host(
+    locked_registry, tmp_path, monkeypatch
+):
+    host, password = locked_registry
+    helpers = tmp_path / "bin"
+    helpers.mkdir()
+    asked = tmp_path / "asked"
+    helper = helpers / "docker-credential-sparkforge-test"
+    answer = json.dumps({"Username": USER, "Secret": password})
+    helper.write_text(f"#!/bin/sh\n[ \"$1\" = get ] || exit 1\ncat > '{asked}'\necho '{answer}'\n")
+    helper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{helpers}:{os.environ['PATH']}")
+    docker_config = tmp_path / "docker"
+    docker_config.mkdir()
+    wrong = base64.b64encode(f"{USER}:wrong".encode()).decode()
+    (docker_config / "config.json").write_text(
+        json.dumps({"auths": {host: {"auth": wrong}}, "credHelpers": {host: "sparkforge-test"}})
+    )
+    monkeypatch.setenv("DOCKER_CONFIG", str(docker_config))
+    image = tiny_image(tmp_path)
+    assert Registry(host).push_image("sparkforge/tiny", image, ["v1"]) == image.digest
+    assert asked.read_text() == host  # the helper was asked, for this registry
+    assert Registry(host).manifest_digest("sparkforge/tiny", "v1") == image.digest
+
+    # Without the helper entry, the same config's auths (a wrong password) is what Docker uses.
+    (docker_config / "config.json").write_text(json.dumps({"auths": {host: {"auth": wrong}}}))
+    with pytest.raises(ImageError, match="HTTP 401"):
+        Registry(host).manifest_digest("sparkforge/tiny", "v1")
