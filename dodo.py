@@ -7,17 +7,20 @@ stages meet only through what each publishes (a lock, an image reference, a mani
 import os
 import sys
 
-from doit import get_var
+# pydantic scans every installed distribution for plugins on first use (~35 ms); we have none.
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
-from pipelines.errors import PipelineError
-from pipelines.images import Images, ImageSettings
-from pipelines.profile_check import ProfileCheck
-from pipelines.profiles import load_profile
-from pipelines.render import Render
-from pipelines.settings import read_settings
-from pipelines.steps import Engine
-from pipelines.store import Store
-from pipelines.weights import FetchOptions, Weights, WeightsSettings
+from doit import get_var  # noqa: E402
+
+from pipelines.errors import PipelineError  # noqa: E402
+from pipelines.images import Images, ImageSettings  # noqa: E402
+from pipelines.profile_check import ProfileCheck  # noqa: E402
+from pipelines.profiles import load_profile  # noqa: E402
+from pipelines.render import Render  # noqa: E402
+from pipelines.settings import read_settings  # noqa: E402
+from pipelines.steps import Engine  # noqa: E402
+from pipelines.store import Store  # noqa: E402
+from pipelines.weights import FetchOptions, Weights, WeightsSettings  # noqa: E402
 
 PROFILE_NAME = get_var("profile", "local")
 IMAGE_DIGEST = get_var("image_digest", "")

@@ -23,9 +23,18 @@ def dockerignore_patterns(root: Path) -> list[str]:
 
 def context_files(root: Path, extra: dict[str, Path]) -> dict[str, Path]:
     """Context name -> source path, sorted: the folder (.dockerignore applied) plus extra files."""
-    from docker.utils.build import exclude_paths  # Docker's own .dockerignore rules
+    patterns = dockerignore_patterns(root)
+    if patterns:
+        from docker.utils.build import exclude_paths  # Docker's own .dockerignore rules
 
-    names = exclude_paths(str(root), dockerignore_patterns(root), dockerfile="Dockerfile")
+        names = exclude_paths(str(root), patterns, dockerfile="Dockerfile")
+    else:
+        # Without patterns Docker sends everything: no need to load its SDK to know that.
+        names = {
+            os.path.relpath(os.path.join(folder, name), root)
+            for folder, dirs, files in os.walk(root)
+            for name in dirs + files
+        }
     files = {name: root / name for name in names}
     files.update(extra)
     return dict(sorted(files.items()))

@@ -64,6 +64,7 @@ class Weights:
         self.blobs = BlobStore(settings.root, engine.store.statcache)
         self.patch = self._patch_step() if profile.model.config_patch == "tp3-heads" else None
         self.outputs = ModelOutputs(self.lock_file, PATCH_SOURCE, self)
+        self._lock: tuple[Any, Lock] | None = None
 
     @cached_property
     def client(self):
@@ -73,8 +74,15 @@ class Weights:
         return s3_client()
 
     def read_lock(self) -> Lock:
-        """The profile's lock, checked against the profile's source."""
-        lock = load_lock(self.lock_file)
+        """The profile's lock, checked against the profile's source (parsed once per version)."""
+        try:
+            st = self.lock_file.stat()
+            version = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            version = None
+        if self._lock is None or self._lock[0] != version:
+            self._lock = (version, load_lock(self.lock_file))
+        lock = self._lock[1]
         if lock.source != self.profile.model.source:
             raise LockError(
                 f"{self.lock_file}: field 'source': expected {self.profile.model.source!r}"
@@ -236,7 +244,7 @@ class Weights:
     def tasks(self) -> Iterator[dict[str, Any]]:
         """The doit task dicts of the weights stage for this profile."""
         tasks = []
-        fetch_deps = []
+        fetch_setup = []
         if self.profile.model.lock == SYNTHETIC_LOCK:
             tasks.append(
                 side_task(
@@ -246,24 +254,25 @@ class Weights:
                     uptodate=answer_or_run(self.synthetic_uploaded),
                 )
             )
-            fetch_deps.append("synthetic_model")
+            fetch_setup.append("synthetic_model")
         tasks.append(
             side_task(
                 "lock_weights",
                 "hash every object of the model's source once and write its lock file",
                 self.write_lock_from_bucket,
-                deps=list(fetch_deps),
+                deps=list(fetch_setup),
             )
         )
-        tasks.append(
-            side_task(
-                "fetch_weights",
-                "fetch the locked files from S3 into the blob store, sha256-checked",
-                self.fetch,
-                uptodate=answer_or_run(self.fetched),
-                deps=fetch_deps,
-            )
+        fetch = side_task(
+            "fetch_weights",
+            "fetch the locked files from S3 into the blob store, sha256-checked",
+            self.fetch,
+            uptodate=answer_or_run(self.fetched),
         )
+        # A doit setup task runs only when fetch_weights itself must: a build whose blobs are
+        # all here never asks the bucket whether the synthetic model is uploaded.
+        fetch["setup"] = fetch_setup
+        tasks.append(fetch)
         stage_deps = ["fetch_weights"]
         if self.patch is not None:
             tasks.append(self.engine.task(self.patch))
