@@ -12,6 +12,7 @@ from pathlib import Path
 from devstack import files, processes
 from devstack.services import SERVICES, Service, engine_answers
 from devstack.settings import (
+    ENGINE_ENV,
     HOST,
     S3_REGION,
     SYSTEM_DOCKER_HOST,
@@ -87,7 +88,12 @@ def _stop(directory: Path, names: Iterable[str]) -> None:
 
 
 def _external_engine(cfg: Settings) -> str | None:
-    """A reachable engine this stack did not start ($DOCKER_HOST, else the system socket)."""
+    """A reachable engine this stack did not start ($DOCKER_HOST, else the system socket).
+
+    None with SPARKFORGE_STACK_ENGINE=own: the tests that wipe an engine need the stack's own.
+    """
+    if os.environ.get(ENGINE_ENV) == "own":
+        return None
     configured = os.environ.get("DOCKER_HOST", "").strip()
     # A DOCKER_HOST exported from this stack's own endpoints means "ours", not "theirs".
     if configured and configured != cfg.own_docker_host:

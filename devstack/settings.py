@@ -19,6 +19,7 @@ BUCKETS = ("models",)
 DEFAULT_S3_PORT = 8333
 DEFAULT_REGISTRY_PORT = 5000
 SYSTEM_DOCKER_HOST = "unix:///var/run/docker.sock"
+ENGINE_ENV = "SPARKFORGE_STACK_ENGINE"  # "own": start the stack's engine even if one answers
 
 
 class StackError(PipelineError):

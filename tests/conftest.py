@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
-# devstack/ is test equipment, not in the installed package (which maps pipelines/ only): it is
-# found from the checkout. The measurement helpers of tests/perf/ (read_chars, the full-size
-# model shape) serve the tests.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent / "perf"))
+import devstack as local_stack
+from devstack.settings import ENGINE_ENV
 
-import devstack as local_stack  # noqa: E402
+# The measurement helpers of tests/perf/ (read_chars, the full-size model shape) serve the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "perf"))
 
 
 @pytest.fixture(scope="session")
 def stack():
     """The local stack's Endpoints; stopped at the end only where this session started it."""
     before = {s.name for s in local_stack.status() if s.state in ("running", "unhealthy")}
+    # The reproducibility test wipes the engine's images: only ever the stack's own engine.
+    os.environ[ENGINE_ENV] = "own"
     endpoints = local_stack.up()
     yield endpoints
     started_here = [name for name in endpoints.started if name not in before]

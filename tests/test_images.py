@@ -12,6 +12,7 @@ from pathlib import Path
 
 import docker.errors
 import pytest
+import requests
 
 import devstack as local_stack
 from pipelines.images import Images, ImageSettings
@@ -23,6 +24,7 @@ from pipelines.images.build import (
     choose_builder,
 )
 from pipelines.images.dockerfile import check_contents, check_froms
+from pipelines.images.oci import MANIFEST_TYPE
 from pipelines.images.registry import Registry, RegistryCache
 from pipelines.images.spec import ImageError, load_image
 from pipelines.profiles import load_profile
@@ -51,6 +53,24 @@ def registry(stack):
 def settings(stack):
     """The images settings of the local profile: the stack's registry and engine."""
     return ImageSettings(stack.registry, stack.docker_host)
+
+
+@pytest.fixture(scope="session")
+def copies(stack):
+    """Settings that push test copies of local-sim under a namespace of their own, removed
+    from the shared registry at the end (its deletes are enabled; see devstack)."""
+    namespace = f"sparkforge-test-{uuid.uuid4().hex[:8]}"
+    yield ImageSettings(f"{stack.registry}/{namespace}", stack.docker_host)
+    repository = f"{namespace}/sparkforge/local-sim"
+    base = f"http://{stack.registry}/v2/{repository}"
+    tags = requests.get(f"{base}/tags/list", timeout=10).json().get("tags") or []
+    digests = {
+        requests.head(f"{base}/manifests/{tag}", headers={"Accept": MANIFEST_TYPE}, timeout=10)
+        .headers["Docker-Content-Digest"]
+        for tag in tags
+    }
+    for digest in digests:
+        requests.delete(f"{base}/manifests/{digest}", timeout=10).raise_for_status()
 
 
 @pytest.fixture(scope="session")
@@ -137,15 +157,15 @@ def test_sglang_image_refuses_a_second_visible_nccl(tmp_path):
 
 
 def test_local_sim_is_built_once_per_key_and_a_changed_byte_rebuilds(
-    stack, registry, settings, local_base, sim_copy, docker_client, tmp_path, capsys
+    stack, registry, copies, local_base, sim_copy, docker_client, tmp_path, capsys
 ):
     stack_dir = local_stack.resolve_dir()
     store = Store(tmp_path / "store")  # one store (and stat cache) across the "runs" below
     engine = Engine(store)
-    images = ImagesOf(sim_copy, engine, settings)
+    images = ImagesOf(sim_copy, engine, copies)
     key = engine.key(images.image_step)
     repository = images.image_step.cache.repository
-    assert repository == "sparkforge/local-sim"
+    assert repository.endswith("/sparkforge/local-sim")  # under the copies' own namespace
     assert registry.manifest_digest(repository, RegistryCache.key_tag(key)) is None
     capsys.readouterr()
     engine.run(images.image_step)
@@ -161,7 +181,7 @@ def test_local_sim_is_built_once_per_key_and_a_changed_byte_rebuilds(
     # A second run (a new process: a fresh engine) finds the key in the registry.
     since, writes = time.time(), registry_writes(stack_dir)
     engine = Engine(store)
-    again = ImagesOf(sim_copy, engine, settings)
+    again = ImagesOf(sim_copy, engine, copies)
     assert engine.key(again.image_step) == key
     assert engine.is_done(again.image_step)
     engine.run(again.image_step)
@@ -173,7 +193,7 @@ def test_local_sim_is_built_once_per_key_and_a_changed_byte_rebuilds(
     server = sim_copy / "server.py"
     server.write_bytes(server.read_bytes().replace(b"Test equipment", b"Test Equipment"))
     engine = Engine(store)
-    changed = ImagesOf(sim_copy, engine, settings)
+    changed = ImagesOf(sim_copy, engine, copies)
     changed_key = engine.key(changed.image_step)
     assert changed_key != key
     assert not engine.is_done(changed.image_step)
@@ -184,11 +204,10 @@ def test_local_sim_is_built_once_per_key_and_a_changed_byte_rebuilds(
 
 
 def test_two_clean_builds_give_one_digest_where_plain_docker_build_gives_two(
-    stack, settings, local_base, sim_copy, docker_client, tmp_path
+    stack, copies, local_base, sim_copy, docker_client, tmp_path
 ):
-    if "docker" not in stack.started:
-        pytest.skip("the engine is not the stack's own: its images are not ours to wipe")
-    plan = ImagesOf(sim_copy, Engine(Store(tmp_path / "store")), settings).plan()
+    assert "docker" in stack.started, "the tests run on the stack's own engine (conftest)"
+    plan = ImagesOf(sim_copy, Engine(Store(tmp_path / "store")), copies).plan()
     # A plain `docker build` of the same folder needs the receipt writer in it too.
     shutil.copyfile(RECEIPT, sim_copy / "sparkforge-receipt.py")
     digests, plain_ids = [], []
@@ -197,7 +216,12 @@ def test_two_clean_builds_give_one_digest_where_plain_docker_build_gives_two(
         with tempfile.TemporaryDirectory(dir=tmp_path) as work:
             digests.append(build_image(docker_client, plan, "engine", Path(work)).digest)
         image, _ = docker_client.images.build(
-            path=str(sim_copy), buildargs={"BASE": local_base}, nocache=True, network_mode="host"
+            path=str(sim_copy),
+            buildargs={"BASE": local_base},
+            nocache=True,
+            network_mode="host",
+            rm=True,
+            forcerm=True,
         )
         plain_ids.append(image.id)
         docker_client.images.remove(image.id, force=True)
@@ -214,8 +238,8 @@ def test_a_clean_build_of_local_sim_gives_the_digest_the_registry_holds_for_its_
     images = Images(load_profile("local"), engine, settings)
     engine.run(images.image_step)  # the registry holds the key from now on (built, or found)
     pushed = images.image_ref().rsplit("@", 1)[1]
-    if "docker" in stack.started:
-        wipe_engine(docker_client)  # no cached steps: a clean build
+    assert "docker" in stack.started, "the tests run on the stack's own engine (conftest)"
+    wipe_engine(docker_client)  # no cached steps: a clean build
     with tempfile.TemporaryDirectory(dir=tmp_path) as work:
         assert build_image(docker_client, images.plan(), "engine", Path(work)).digest == pushed
 
@@ -233,7 +257,7 @@ def wipe_engine(client) -> None:
 
 
 def test_failing_run_step_names_the_step_and_shows_the_log_tail(
-    stack, registry, settings, local_base, sim_copy, tmp_path
+    stack, registry, copies, local_base, sim_copy, tmp_path
 ):
     dockerfile = sim_copy / "Dockerfile"
     dockerfile.write_text(
@@ -242,7 +266,7 @@ def test_failing_run_step_names_the_step_and_shows_the_log_tail(
         )
     )
     engine = Engine(Store(tmp_path / "store"))
-    images = ImagesOf(sim_copy, engine, settings)
+    images = ImagesOf(sim_copy, engine, copies)
     with pytest.raises(ImageError) as err:
         engine.run(images.image_step)
     message = str(err.value)

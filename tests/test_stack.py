@@ -226,6 +226,17 @@ def test_registry_push_then_pull_gives_back_the_registry_digest(stack, docker_cl
         assert pulled.id == image.id
     finally:
         docker_client.images.remove(image.id, force=True)
+        # What the test pushed leaves the shared registry again (deletes are enabled there).
+        head = requests.head(
+            f"http://{stack.registry}/v2/sparkforge-test/tiny/manifests/{tag}",
+            headers={"Accept": MANIFEST_TYPES},
+            timeout=10,
+        )
+        if head.status_code == 200:
+            digest = head.headers["Docker-Content-Digest"]
+            requests.delete(
+                f"http://{stack.registry}/v2/sparkforge-test/tiny/manifests/{digest}", timeout=10
+            ).raise_for_status()
 
 
 def test_docker_build_runs_a_step_whose_file_a_container_reads(docker_client, tmp_path):

@@ -1,0 +1,303 @@
+"""Mutation testing (mutmut) of one group of modules: the score per module and the survivors.
+
+Run: .venv/bin/python tests/perf/mutation.py [engine|fetch|validators|all ...]
+         [--again] [--workdir DIR] [--max-children N] [--diffs]
+
+Too slow for CI (minutes per group on 2 cores): run it after changing a module or its tests.
+Each group runs in its own scratch copy of the checkout (tracked and untracked-not-ignored
+files) under --workdir, default $TMPDIR/sparkforge-mutation/GROUP; mutmut writes its mutants/
+there, so nothing lands in the repository and the repository's .store is never read (the runs
+get a store of their own). The [tool.mutmut] section of pyproject.toml is copied with
+only_mutate and the test selection narrowed to the group. Tests reach the local stack that
+scripts/stack runs ($SPARKFORGE_STACK_DIR, else the checkout's .stack/).
+
+mutmut runs a mutant only against the tests that called the mutated function in its own
+process. Functions that only a doit subprocess calls (Engine.task, the doit actions) have no
+such test ("no tests"): this script then runs the group's whole selection with the mutant
+switched on (MUTANT_UNDER_TEST reaches the subprocesses, PYTHONPATH points them at mutants/).
+
+Score: killed (a test failed, or the run timed out) / all mutants of the module. Survivors are
+listed by name; their diffs are written to WORKDIR/survivors.diff (--diffs prints them).
+`cd WORKDIR && mutmut show NAME` shows one. --again reuses the scratch copy, takes the current
+tests and re-tests only the mutants that were not killed (a changed module means a fresh run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+GROUPS: dict[str, tuple[list[str], list[str]]] = {
+    # group: (modules to mutate, the tests that cover them)
+    "engine": (
+        [
+            "pipelines/keys.py",
+            "pipelines/store.py",
+            "pipelines/statcache.py",
+            "pipelines/steps.py",
+        ],
+        ["tests/test_steps.py", "tests/test_breakages.py"],
+    ),
+    "fetch": (
+        ["pipelines/weights/fetch.py", "pipelines/weights/ranges.py", "pipelines/weights/blobs.py"],
+        ["tests/test_weights.py"],
+    ),
+    "validators": (["pipelines/render/validate.py"], ["tests/test_render.py"]),
+}
+
+# mutmut's exit codes (mutmut.stats.status_by_exit_code); killed and timeout count as killed.
+KILLED = {1, 3, 36, 24, -24, 152, 255}
+NO_TESTS = {5, 33}
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def checkout_files() -> list[str]:
+    """The checkout's files: tracked, and untracked ones git does not ignore (new tests)."""
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout
+    return sorted({name for name in out.decode().split("\0") if name and (REPO / name).is_file()})
+
+
+def sync_copy(work: Path) -> None:
+    """Copy the checkout into work, keeping mtimes (mutmut compares them with its mutants')."""
+    for name in checkout_files():
+        source, target = REPO / name, work / name
+        if target.is_file() and target.read_bytes() == source.read_bytes():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+
+
+def toml_value(value) -> str:
+    """A TOML value for the strings, lists and scalars of [tool.mutmut] (JSON is valid there)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def write_config(work: Path, modules: list[str], tests: list[str]) -> None:
+    """The copy's pyproject.toml with [tool.mutmut] narrowed to one group (kept last: the
+    doit projects that tests/test_steps.py makes copy the file from [tool.doit] on, and a
+    mutated function called there during mutmut's stats run reads this section)."""
+    text = (REPO / "pyproject.toml").read_text()
+    config = dict(tomllib.loads(text)["tool"]["mutmut"])
+    config.update(only_mutate=modules, pytest_add_cli_args_test_selection=tests)
+    start = text.index("[tool.mutmut]")
+    following = text.find("\n[", start + 1)
+    rest = "" if following < 0 else text[following:]
+    section = "[tool.mutmut]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in config.items())
+    (work / "pyproject.toml").write_text(text[:start] + rest.lstrip("\n") + "\n" + section)
+
+
+def module_digest(modules: list[str]) -> str:
+    """One digest of the group's source files (a change means its mutants change)."""
+    digest = hashlib.sha256()
+    for module in modules:
+        digest.update(module.encode() + b"\0" + (REPO / module).read_bytes())
+    return digest.hexdigest()
+
+
+def environment(work: Path) -> dict[str, str]:
+    """Env of every run: the mutated package first on the path (subprocesses too), the
+    stack's folder, a store of the run's own."""
+    env = {k: v for k, v in os.environ.items() if k != "MUTANT_UNDER_TEST"}
+    env["PYTHONPATH"] = str(work / "mutants")
+    env["SPARKFORGE_STACK_DIR"] = os.environ.get("SPARKFORGE_STACK_DIR") or str(REPO / ".stack")
+    env["SPARKFORGE_STORE"] = str(work / "store")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def read_results(work: Path, modules: list[str]) -> dict[str, dict[str, int | None]]:
+    """Module -> mutant name -> exit code, from mutmut's meta files."""
+    results = {}
+    for module in modules:
+        meta = work / "mutants" / f"{module}.meta"
+        results[module] = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
+    return results
+
+
+def write_results(work: Path, module: str, codes: dict[str, int]) -> None:
+    """Record exit codes in mutmut's meta file (so `mutmut results` and --again see them)."""
+    meta_path = work / "mutants" / f"{module}.meta"
+    meta = json.loads(meta_path.read_text())
+    meta["exit_code_by_key"].update(codes)
+    meta_path.write_text(json.dumps(meta, indent=4))
+
+
+def pytest_argv(tests: list[str]) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+
+
+def whole_selection_pass(
+    work: Path, tests: list[str], names: list[str], children: int
+) -> dict[str, int]:
+    """Exit code of the whole selection with each mutant on (mutants no test calls in-process)."""
+    env = environment(work)
+    started = time.monotonic()
+    clean = subprocess.run(
+        pytest_argv(tests), cwd=work / "mutants", env=env, capture_output=True, text=True
+    )
+    if clean.returncode != 0:
+        sys.exit(f"the selection fails without a mutant:\n{clean.stdout[-3000:]}")
+    limit = max(60.0, 5 * (time.monotonic() - started))
+
+    def one(name: str) -> int:
+        try:
+            return subprocess.run(
+                pytest_argv(tests),
+                cwd=work / "mutants",
+                env={**env, "MUTANT_UNDER_TEST": name},
+                capture_output=True,
+                timeout=limit,
+            ).returncode
+        except subprocess.TimeoutExpired:
+            return 36
+
+    with concurrent.futures.ThreadPoolExecutor(children) as pool:
+        return dict(zip(names, pool.map(one, names), strict=True))
+
+
+def status(code: int | None) -> str:
+    if code in KILLED:
+        return "killed" if code in (1, 3) else "timeout"
+    if code == 0:
+        return "survived"
+    if code in NO_TESTS:
+        return "no tests"
+    return "not checked" if code is None else f"suspicious (exit {code})"
+
+
+def run_group(group: str, args: argparse.Namespace) -> dict:
+    modules, tests = GROUPS[group]
+    work = (args.workdir or Path(tempfile.gettempdir()) / "sparkforge-mutation") / group
+    digest = module_digest(modules)
+    stamp = work / "sources.sha256"
+    again = args.again and stamp.exists() and stamp.read_text() == digest
+    if args.again and not again:
+        log(f"{group}: no earlier run of these sources in {work}: a fresh run")
+    if not again:
+        shutil.rmtree(work, ignore_errors=True)
+    # mutants/ exists before mutmut starts: a PYTHONPATH entry missing at start-up is cached
+    # as "no such folder" and the package would then come from the editable install.
+    (work / "mutants").mkdir(parents=True, exist_ok=True)
+    sync_copy(work)
+    write_config(work, modules, tests)
+    names: list[str] = []
+    if again:
+        previous = read_results(work, modules)
+        names = [n for codes in previous.values() for n, c in codes.items() if c not in KILLED]
+        if not names:
+            log(f"{group}: every mutant was already killed")
+    started = time.monotonic()
+    if not again or names:
+        argv = [str(BIN / "mutmut"), "run", "--max-children", str(args.max_children), *names]
+        log(f"{group}: {' '.join(argv[:4])}{' (%d mutants)' % len(names) if names else ''}")
+        with (work / "mutmut.log").open("w") as out:
+            result = subprocess.run(
+                argv, cwd=work, env=environment(work), stdout=out, stderr=subprocess.STDOUT
+            )
+        if result.returncode != 0:
+            tail = (work / "mutmut.log").read_text()[-4000:]
+            sys.exit(f"{group}: mutmut failed (exit {result.returncode}):\n{tail}")
+    mutmut_s = time.monotonic() - started
+
+    started = time.monotonic()
+    results = read_results(work, modules)
+    orphans = {n: m for m, codes in results.items() for n, c in codes.items() if c in NO_TESTS}
+    if orphans:
+        log(f"{group}: {len(orphans)} mutants without an in-process test: the whole selection")
+        codes = whole_selection_pass(work, tests, sorted(orphans), args.max_children)
+        for module in modules:
+            mine = {n: c for n, c in codes.items() if orphans[n] == module}
+            if mine:
+                write_results(work, module, mine)
+        results = read_results(work, modules)
+    selection_s = time.monotonic() - started
+    stamp.write_text(digest)
+
+    survivors = [n for codes in results.values() for n, c in codes.items() if c not in KILLED]
+    diffs = []
+    for name in survivors:
+        shown = subprocess.run(
+            [str(BIN / "mutmut"), "show", name],
+            cwd=work,
+            env=environment(work),
+            capture_output=True,
+            text=True,
+        )
+        diffs.append(shown.stdout)
+    (work / "survivors.diff").write_text("\n".join(diffs))
+
+    summary = {
+        "group": group,
+        "workdir": str(work),
+        "again": again,
+        "mutmut_s": round(mutmut_s, 1),
+        "whole_selection_s": round(selection_s, 1),
+        "modules": {},
+    }
+    total = killed = 0
+    log("")
+    for module, codes in results.items():
+        dead = sum(1 for c in codes.values() if c in KILLED)
+        total, killed = total + len(codes), killed + dead
+        pct = 100 * dead / len(codes) if codes else 100.0
+        left = {n: status(c) for n, c in sorted(codes.items()) if c not in KILLED}
+        summary["modules"][module] = {"killed": dead, "total": len(codes), "survivors": left}
+        log(f"{module:<32} {dead:>4} / {len(codes):<4} killed  {pct:5.1f}%")
+        for name, state in left.items():
+            log(f"    {state:<10} {name}")
+    pct = 100 * killed / total if total else 100.0
+    summary.update(killed=killed, total=total)
+    log(
+        f"{group}: {killed} / {total} killed ({pct:.1f}%); mutmut {mutmut_s:.0f} s, whole-selection"
+        f" pass {selection_s:.0f} s; diffs of survivors: {work / 'survivors.diff'}"
+    )
+    if args.diffs:
+        log("\n".join(diffs))
+    (work / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("groups", nargs="*", default=["all"], choices=[*GROUPS, "all"])
+    parser.add_argument("--workdir", type=Path, help="scratch folder (one subfolder per group)")
+    parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--again", action="store_true", help="re-test the last run's survivors")
+    parser.add_argument("--diffs", action="store_true", help="print the survivors' diffs")
+    args = parser.parse_args()
+    groups = list(GROUPS) if "all" in args.groups else list(dict.fromkeys(args.groups))
+    summaries = [run_group(group, args) for group in groups]
+    if len(summaries) > 1:
+        log("")
+        for s in summaries:
+            pct = 100 * s["killed"] / s["total"] if s["total"] else 100.0
+            log(f"{s['group']:<11} {s['killed']:>4} / {s['total']:<4} killed  {pct:5.1f}%")
+
+
+if __name__ == "__main__":
+    main()
