@@ -275,34 +275,16 @@ def _dockerd_cleanup(directory: Path) -> None:
 
 # --- the table ----------------------------------------------------------------------------
 
-# In start order; `status` prints them in this order too.
+# In start order; `status` prints them in this order too. One row a service: name, address,
+# command, marker, probe, then what only some have (port variable, readiness, cleanup).
 SERVICES: dict[str, Service] = {
     service.name: service
     for service in (
-        Service(
-            name="s3",
-            address="s3_url",
-            port_env=S3_PORT_ENV,
-            command=_weed_command,
-            marker=_weed_marker,
-            answers=_s3_answers,
-            ready=_buckets_ready,
-        ),
-        Service(
-            name="registry",
-            address="registry",
-            port_env=REGISTRY_PORT_ENV,
-            command=_registry_command,
-            marker=_registry_marker,
-            answers=_registry_answers,
-        ),
-        Service(
-            name="docker",
-            address="own_docker_host",
-            command=_dockerd_command,
-            marker=_dockerd_marker,
-            answers=engine_answers,
-            cleanup=_dockerd_cleanup,
-        ),
+        Service("s3", "s3_url", _weed_command, _weed_marker, _s3_answers, S3_PORT_ENV,
+                ready=_buckets_ready),
+        Service("registry", "registry", _registry_command, _registry_marker, _registry_answers,
+                REGISTRY_PORT_ENV),
+        Service("docker", "own_docker_host", _dockerd_command, _dockerd_marker, engine_answers,
+                cleanup=_dockerd_cleanup),
     )
 }

@@ -14,6 +14,7 @@ from pipelines.schema import Strict, load_yaml_model
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$", max_length=63)]
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+Count = Annotated[int, Field(ge=1)]  # sizes and counts: at least one
 
 
 class ProfileError(PipelineError):
@@ -35,14 +36,14 @@ class Model(Strict):
 class Parallel(Strict):
     """How the model is split across GPUs."""
 
-    tensor: Annotated[int, Field(ge=1)]
-    pipeline: Annotated[int, Field(ge=1)]
+    tensor: Count
+    pipeline: Count
 
 
 class Resources(Strict):
     """What each member asks of its node."""
 
-    gpu: Annotated[int, Field(ge=1)]
+    gpu: Count
     memory: Annotated[str, Field(pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")]
     cpu: Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+|m)?$")]
 
@@ -96,10 +97,10 @@ class Vllm(Strict):
     """vLLM engine settings."""
 
     gpu_memory_utilization: Annotated[float, Field(ge=0.1, le=0.99)]
-    max_model_len: Annotated[int, Field(ge=1)]
-    max_num_seqs: Annotated[int, Field(ge=1)]
-    max_num_batched_tokens: Annotated[int, Field(ge=1)]
-    block_size: Annotated[int, Field(ge=1)]
+    max_model_len: Count
+    max_num_seqs: Count
+    max_num_batched_tokens: Count
+    block_size: Count
     speculative: Speculative | None = None
     extra_args: list[str] = []
 
@@ -107,11 +108,11 @@ class Vllm(Strict):
 class Sglang(Strict):
     """SGLang engine settings."""
 
-    context_length: Annotated[int, Field(ge=1)]
-    max_running_requests: Annotated[int, Field(ge=1)]
-    max_total_tokens: Annotated[int, Field(ge=1)]
+    context_length: Count
+    max_running_requests: Count
+    max_total_tokens: Count
     mem_fraction_static: Annotated[float, Field(gt=0, lt=1)]
-    chunked_prefill_size: Annotated[int, Field(ge=1)]
+    chunked_prefill_size: Count
     speculative: Speculative | None = None
     nccl_overlay: NcclOverlay | None = None
 
@@ -120,8 +121,8 @@ class Simulator(Strict):
     """The simulated runtime of the local profile: test equipment with configurable timing."""
 
     port: Annotated[int, Field(ge=1, le=65535)]
-    max_model_len: Annotated[int, Field(ge=1)]
-    max_running_requests: Annotated[int, Field(ge=1)]
+    max_model_len: Count
+    max_running_requests: Count
     ttft_s: Annotated[float, Field(ge=0)]
     decode_tok_s: Annotated[float, Field(gt=0)]
 
