@@ -13,3 +13,4 @@ SCHEMAS_DIR = MANIFESTS_DIR / "schemas"
 LOCKS_DIR = REPO_ROOT / "weights"
 PATCH_SOURCE = REPO_ROOT / "pipelines" / "weights" / "patch.py"
 DEFAULT_STORE = REPO_ROOT / ".store"
+LLMKUBE_SCHEMAS_DIR = SCHEMAS_DIR / "llmkube"  # derived from the operator's CRDs (render/crds.py)

@@ -84,6 +84,10 @@ class Kubernetes(Strict):
     cache_size: Annotated[str, Field(pattern=r"^[0-9]+(Gi|Ti)$")]
     storage_class: Name
     service_name: Name
+    # Every JIT/compile cache on one hostPath per node (mounted at /cache), so a reboot does not
+    # recompile; /dev/shm as a memory emptyDir for NCCL and vLLM workers (the default is 64 MiB).
+    node_jit_cache_path: str = "/var/lib/sparkforge/jit-cache"
+    shm_size: Annotated[str, Field(pattern=r"^[0-9]+(Mi|Gi)$")] = "8Gi"
 
 
 class Speculative(Strict):

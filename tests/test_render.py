@@ -23,6 +23,7 @@ from pipelines.render.validate import (
     check_operator_rules,
     check_schema,
     validate_documents,
+    violation,
 )
 from pipelines.steps import Engine
 from pipelines.store import Store
@@ -184,21 +185,20 @@ def test_each_violation_names_document_path_rule_and_value():
     bad["spec"]["image"] = "vllm/vllm-openai:latest"
     broken = Document(svc.file, bad)
     schema = check_schema(broken)
-    assert (
-        "60-inferenceservice-dsv41-flash.yaml: spec.image: 'vllm/vllm-openai:latest' does not match"
-        in schema[0]
-    )
-    assert any(
-        line.startswith(
-            "60-inferenceservice-dsv41-flash.yaml: spec.vllmConfig.gpuMemoryUtilization:"
-        )
-        and line.endswith("(found 0.05)")
-        for line in schema
-    )
+    # The real CRD has no image pattern: a tag is layer 3's (policy) to refuse, not layer 1's.
+    assert schema == [
+        "60-inferenceservice-dsv41-flash.yaml: spec.vllmConfig.gpuMemoryUtilization: 0.05 is"
+        " less than the minimum of 0.1 [layer 1 schema, LLMKube@907ac8d8"
+        " inference.llmkube.dev_inferenceservices.yaml] (found 0.05)"
+    ]
     assert check_operator_rules(broken) == [
         "60-inferenceservice-dsv41-flash.yaml: spec.replicas: must be 1 or unset with multiNode"
-        " (found 2)"
+        f"{GUARD} (found 2)"
     ]
+    assert (
+        "60-inferenceservice-dsv41-flash.yaml: spec.image: image must be pinned by digest"
+        " (found 'vllm/vllm-openai:latest')"
+    ) in validate_documents([*docs[:-1], broken], secrets=[])
     job = next(d for d in docs if d.body["kind"] == "Job")
     odd = copy.deepcopy(job.body)
     odd["spec"]["template"]["spec"]["containers"][0]["bogus"] = 1
@@ -302,7 +302,7 @@ def test_multinode_with_another_runtime_is_refused_by_the_operator_rule():
     body = copy.deepcopy(svc.body)
     body["spec"]["runtime"] = "llamacpp"
     assert check_operator_rules(Document(svc.file, body)) == [
-        f"{svc.file}: spec.runtime: multiNode needs runtime vllm (found 'llamacpp')"
+        f"{svc.file}: spec.runtime: multiNode needs runtime vllm{GUARD} (found 'llamacpp')"
     ]
 
 
@@ -316,3 +316,227 @@ def test_launch_plans_with_an_unpinned_image_are_refused_and_nothing_is_stored(t
         "launch-0-spark-1.yaml: image: image must be pinned by digest (found 'lmsysorg/sglang:v1')"
     )
     assert not list((stage.engine.store.root / "steps").iterdir())
+
+
+# --- each rule of the validator, alone, with its exact line ------------------------------------
+
+SERVICE = "60-inferenceservice-dsv41-flash.yaml"
+DELETE = object()
+
+
+def tp3_with(edits: dict) -> list[Document]:
+    """The tp3-ring documents with the InferenceService's spec edited: "a.0.b" -> value (or
+    DELETE to leave the field out)."""
+    docs = []
+    for doc in tp3_docs():
+        if doc.body["kind"] == "InferenceService":
+            body = copy.deepcopy(doc.body)
+            for dotted, value in edits.items():
+                *parents, last = (int(k) if k.isdigit() else k for k in dotted.split("."))
+                node = body["spec"]
+                for key in parents:
+                    node = node[key]
+                if value is DELETE:
+                    del node[last]
+                else:
+                    node[last] = value
+            doc = Document(doc.file, body)
+        docs.append(doc)
+    return docs
+
+
+PRODUCT_RULE = "spec.vllmConfig.tensorParallelSize: tensorParallelSize x pipelineParallelSize must"
+GUARD = " [layer 2 admission guard, LLMKube PR #1746]"
+OVERLAY = " [layer 1 schema, LLMKube PR #1746 overlay]"
+ADDRESS_RULE = "spec.multiNode.members.0.fabric.address: required: the rendezvous address of rank 0"
+
+# Edits of the rendered service, and exactly the lines each must give (layer tags included).
+RULES = {
+    "rank 0 without a rendezvous address": (
+        {"multiNode.members.0.fabric.address": DELETE},
+        [f"{ADDRESS_RULE}{GUARD} (found None)"],
+    ),
+    "rank 0 without its fabric": (
+        # The CRD (and #1746) does not require fabric per member: the guard asks rank 0's.
+        {"multiNode.members.0.fabric": DELETE},
+        [
+            f"{ADDRESS_RULE}{GUARD} (found None)",
+            "spec.multiNode.members.0.fabric.ibHCA: must list all four RoCE devices"
+            " rocep1s0f0,rocep1s0f1,roceP2p1s0f0,roceP2p1s0f1 (found '')",
+        ],
+    ),
+    "a multiNode without members": (
+        {"multiNode.members": DELETE},
+        [
+            f"spec.multiNode: 'members' is a required property{OVERLAY} (found ",
+            f"{ADDRESS_RULE}{GUARD} (found None)",
+            f"{PRODUCT_RULE} equal members x gpu = 0{GUARD} (found 3)",
+        ],
+    ),
+    "an empty member list": (
+        {"multiNode.members": []},
+        [
+            f"spec.multiNode.members: [] is too short{OVERLAY} (found '[]')",
+            f"{ADDRESS_RULE}{GUARD} (found None)",
+            f"{PRODUCT_RULE} equal members x gpu = 0{GUARD} (found 3)",
+        ],
+    ),
+    "two replicas of a ring": (
+        {"replicas": 2},
+        [f"spec.replicas: must be 1 or unset with multiNode{GUARD} (found 2)"],
+    ),
+    "pipeline parallel 2 on three GPUs": (
+        {"vllmConfig.pipelineParallelSize": 2},
+        [f"{PRODUCT_RULE} equal members x gpu = 3{GUARD} (found 6)"],
+    ),
+    "tensorParallelSize left out": (
+        # Not required by the real CRD (defaults to 1): the guard catches the product.
+        {"vllmConfig.tensorParallelSize": DELETE},
+        [f"{PRODUCT_RULE} equal members x gpu = 3{GUARD} (found 1)"],
+    ),
+    "vllmConfig left out": (
+        {"vllmConfig": DELETE},
+        [f"{PRODUCT_RULE} equal members x gpu = 3{GUARD} (found 1)"],
+    ),
+    "no GPU count": (
+        {"resources.gpu": DELETE},
+        [f"{PRODUCT_RULE} equal members x gpu = 0{GUARD} (found 3)"],
+    ),
+    "no resources": (
+        {"resources": DELETE},
+        [f"{PRODUCT_RULE} equal members x gpu = 0{GUARD} (found 3)"],
+    ),
+    "a single node without multiNode": (
+        # The single-pod guard: TP3 on the one GPU a pod asks for can never start.
+        {"multiNode": DELETE},
+        [f"{PRODUCT_RULE} not exceed gpu = 1{GUARD} (found 3)"],
+    ),
+    "gpuMemoryUtilization 0.72 at TP3": (
+        {"vllmConfig.gpuMemoryUtilization": 0.72},
+        [
+            "spec.vllmConfig.gpuMemoryUtilization: at TP3 must be at least 0.78 (a smaller value"
+            " leaves no KV pool) (found 0.72)"
+        ],
+    ),
+    "no env on an odd ring": (
+        {"env": DELETE},
+        [
+            "spec.env.NCCL_IB_SUBNET_AWARE_ROUTING: an odd ring (3 members) needs 1 or NCCL"
+            " cannot close the cycle (found None)"
+        ],
+    ),
+    "three RoCE devices on rank 1": (
+        {"multiNode.members.1.fabric.ibHCA": "rocep1s0f0,rocep1s0f1,roceP2p1s0f0"},
+        [
+            "spec.multiNode.members.1.fabric.ibHCA: must list all four RoCE devices"
+            " rocep1s0f0,rocep1s0f1,roceP2p1s0f0,roceP2p1s0f1"
+            " (found 'rocep1s0f0,rocep1s0f1,roceP2p1s0f0')"
+        ],
+    ),
+    "no ibHCA on rank 1": (
+        {"multiNode.members.1.fabric.ibHCA": DELETE},
+        [
+            "spec.multiNode.members.1.fabric.ibHCA: must list all four RoCE devices"
+            " rocep1s0f0,rocep1s0f1,roceP2p1s0f0,roceP2p1s0f1 (found '')"
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RULES))
+def test_a_service_that_breaks_one_rule_gets_exactly_that_rules_lines(case):
+    edits, lines = RULES[case]
+    found = validate_documents(tp3_with(edits), secrets=[])
+    assert len(found) == len(lines), found
+    for line, expected in zip(found, lines, strict=True):
+        if expected.endswith("(found "):  # a schema line quoting a long object: up to the value
+            assert line.startswith(f"{SERVICE}: {expected}"), line
+        else:
+            assert line == f"{SERVICE}: {expected}"
+
+
+ALLOWED = {
+    "replicas left out": {"replicas": DELETE},
+    "pipelineParallelSize left out (1)": {"vllmConfig.pipelineParallelSize": DELETE},
+    "gpuMemoryUtilization left out": {"vllmConfig.gpuMemoryUtilization": DELETE},
+    "two GPUs per member at TP3 x PP2": {"resources.gpu": 2, "vllmConfig.pipelineParallelSize": 2},
+}
+
+
+@pytest.mark.parametrize("case", sorted(ALLOWED))
+def test_service_variants_the_rules_allow_pass_validation(case):
+    assert validate_documents(tp3_with(ALLOWED[case]), secrets=[]) == []
+
+
+def test_a_ring_whose_tp_divides_the_heads_needs_no_patch_job():
+    docs = tp3_with({"vllmConfig.tensorParallelSize": 1, "vllmConfig.pipelineParallelSize": 3})
+    without_patch = [d for d in docs if "tp3-patch" not in d.file]
+    assert len(without_patch) == len(docs) - 4  # the ConfigMap and three Jobs
+    assert validate_documents(without_patch, secrets=[]) == []
+
+
+def test_a_patch_job_before_the_model_is_refused_by_the_apply_order_rule():
+    docs = tp3_docs()
+    job = next(d for d in docs if d.file == "40-job-dsv41-flash-tp3-patch-0.yaml")
+    early = [docs[0], job] + [d for d in docs[1:] if d is not job]
+    assert validate_documents(early, secrets=[]) == [
+        "40-job-dsv41-flash-tp3-patch-0.yaml: metadata.name: the tp3-patch Job must come after"
+        " the Model (the staged files) and before the InferenceService"
+        " (found 'dsv41-flash-tp3-patch-0')"
+    ]
+
+
+def test_an_unpinned_image_is_named_in_every_document_and_field_that_holds_it():
+    profile = load_profile("tp3-ring")
+    lock = load_lock(lock_path(profile.model.lock))
+    image = "vllm/vllm-openai:v0.11.0"
+    docs = render_kubernetes(profile, lock, image, PATCH_SOURCE.read_text())
+    pinned = "image must be pinned by digest (found 'vllm/vllm-openai:v0.11.0')"
+    jobs = [f"40-job-dsv41-flash-tp3-patch-{i}.yaml" for i in range(3)] + [
+        f"50-job-dsv41-flash-node-prep-{i}.yaml" for i in range(3)
+    ]
+    assert validate_documents(docs, secrets=[]) == [
+        *(f"{job}: spec.template.spec.containers.0.image: {pinned}" for job in jobs),
+        f"{SERVICE}: spec.image: {pinned}",
+    ]
+
+
+def test_only_the_document_holding_a_secret_is_named_and_the_value_is_not():
+    secret = "s3cr3t-value-123"
+    docs = tp3_with({"env": [{"name": "LEAKED", "value": secret}]})
+    found = validate_documents(docs, secrets=[secret, "never-rendered-value"])
+    assert found[-1] == (
+        f"{SERVICE}: (document): contains a secret value from the environment (found '<redacted>')"
+    )
+    assert [line for line in found if "secret value" in line] == found[-1:]
+    assert secret not in "\n".join(found)
+
+
+def test_violations_in_several_documents_are_all_reported_in_document_order():
+    docs = []
+    for doc in tp3_docs():
+        body = copy.deepcopy(doc.body)
+        if doc.file == "20-persistentvolumeclaim-dsv41-cache-spark-2.yaml":
+            body["spec"]["accessModes"] = "ReadWriteOnce"
+        if doc.body["kind"] == "InferenceService":
+            body["spec"]["replicas"] = 2
+            body["spec"]["vllmConfig"]["gpuMemoryUtilization"] = 0.5
+        docs.append(Document(doc.file, body))
+    assert validate_documents(docs, secrets=[]) == [
+        "20-persistentvolumeclaim-dsv41-cache-spark-2.yaml: spec.accessModes: 'ReadWriteOnce'"
+        " is not of type 'array', 'null' (found 'ReadWriteOnce')",
+        f"{SERVICE}: spec.replicas: must be 1 or unset with multiNode{GUARD} (found 2)",
+        f"{SERVICE}: spec.vllmConfig.gpuMemoryUtilization: at TP3 must be at least 0.78"
+        " (a smaller value leaves no KV pool) (found 0.5)",
+    ]
+
+
+def test_a_long_value_is_cut_to_80_characters_in_its_line():
+    assert violation("a.yaml", ["spec", 0], "rule", "x" * 80) == (
+        f"a.yaml: spec.0: rule (found '{'x' * 80}')"
+    )
+    assert violation("a.yaml", [], "rule", "y" * 81) == (
+        f"a.yaml: (document): rule (found '{'y' * 77}...')"
+    )
+    assert violation("a.yaml", ["n"], "rule", {"k": 1}) == "a.yaml: n: rule (found \"{'k': 1}\")"
+    assert violation("a.yaml", ["n"], "rule", None) == "a.yaml: n: rule (found None)"

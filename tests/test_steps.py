@@ -1,6 +1,9 @@
 """The keyed step engine: keys, the store, the stat cache and doit's use of them."""
 
+import hashlib
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -8,10 +11,11 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from keying import read_chars
 
-from pipelines.keys import key_material, step_key
-from pipelines.statcache import StatCache
+from pipelines.keys import canonical_json, key_material, step_key
+from pipelines.statcache import StatCache, stat_key
 from pipelines.steps import Engine, Step
 from pipelines.store import Store
 
@@ -115,6 +119,7 @@ def test_step_killed_while_writing_leaves_no_output_and_next_run_completes(tmp_p
     )
     deadline = time.monotonic() + 30
     while not (project / "writing").exists():
+        assert proc.poll() is None, "the step ended before it started writing"
         assert time.monotonic() < deadline, "the step never started writing"
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
@@ -187,3 +192,408 @@ def test_folder_digest_changes_with_content_names_and_executable_bit(tmp_path):
     (tree / "sub" / "a.txt").rename(tree / "sub" / "b.txt")
     digests.append(cache.digest_tree(tree))
     assert len(set(digests)) == 3
+
+
+# --- a chain of steps: a dependency, pins, callable params, an Input, a cache of its own ------
+
+DODO_CHAIN = textwrap.dedent(
+    """
+    import hashlib, json, os
+    from pathlib import Path
+    from pipelines.errors import PipelineError
+    from pipelines.steps import Engine, Step, side_task
+    from pipelines.store import Store
+
+    HERE = Path(__file__).parent
+    DOIT_CONFIG = {"dep_file": os.environ["SPARKFORGE_STORE"] + "/doit.sqlite3"}
+    ENGINE = Engine(Store(Path(os.environ["SPARKFORGE_STORE"])), root=HERE)
+
+
+    class Shelf:
+        '''A cache backend outside the store, as the registry is for images: shelf/KEY/.'''
+
+        name = "shelf"
+
+        def has(self, key):
+            return (HERE / "shelf" / key / "done").exists()
+
+        def publish(self, key, work, record):
+            (HERE / "shelf").mkdir(exist_ok=True)
+            os.rename(work / "out", HERE / "shelf" / key)
+            (HERE / "shelf" / key / "done").write_text(record["key"])
+
+
+    class Lines:
+        '''An input that digests itself: the non-blank lines of lines.txt.'''
+
+        def digest(self, statcache):
+            text = (HERE / "lines.txt").read_text()
+            kept = [line for line in text.splitlines() if line.strip()]
+            return hashlib.sha256("\\n".join(kept).encode()).hexdigest(), {}
+
+
+    def words(run):
+        sep = run.params["sep"]
+        if sep == "!":
+            raise PipelineError("words: '!' is no separator")
+        found = [line for line in (HERE / "lines.txt").read_text().splitlines() if line.strip()]
+        found.append((HERE / "extra.txt").read_text().strip())
+        found += [p.read_text().strip() for p in sorted((HERE / "more").iterdir())]
+        (run.out / "words.txt").write_text(sep.join(found))
+
+
+    def shout(run):
+        text = (run.dep("words") / "words.txt").read_text()
+        if run.params["case"] == "upper":
+            text = text.upper()
+        (run.out / "shout.txt").write_text(f"{text} key={run.key}")
+
+
+    WORDS = Step(
+        name="words", recipe="words", version=1, doc="join the words", action=words,
+        params=lambda: {"sep": (HERE / "sep.txt").read_text()},
+        inputs={"lines": Lines(), "extra": Path("extra.txt"), "more": Path("more")},
+    )
+    SHOUT = Step(
+        name="shout", recipe="shout", version=1, doc="shout the words", action=shout,
+        params={"case": "upper"}, deps=(WORDS,), cache=Shelf(),
+        pins=lambda: {"base": (HERE / "base.txt").read_text().strip()},
+    )
+
+
+    def task_words():
+        return ENGINE.task(WORDS)
+
+
+    def task_shout():
+        return ENGINE.task(SHOUT)
+
+
+    def announce():
+        with (HERE / "announced.log").open("a") as f:
+            f.write("announced\\n")
+
+
+    def task_announce():
+        return side_task("announce", "tell the board once", announce,
+                         uptodate=lambda: (HERE / "announced.log").exists(), deps=["shout"])
+
+
+    def post():
+        mode = (HERE / "post.txt").read_text().strip()
+        if mode == "closed":
+            raise PipelineError("post: the board is closed")
+        (HERE / "no-such-board").read_text()
+
+
+    def task_post():
+        return side_task("post", "post to the board", post)
+    """
+)
+BASE = "sha256:" + "a" * 64
+
+
+def make_chain(tmp_path: Path) -> tuple[Path, dict]:
+    """A project with the two-step chain and its inputs, and the env pointing at its store."""
+    project, env = make_project(tmp_path)
+    (project / "dodo.py").write_text(DODO_CHAIN)
+    (project / "lines.txt").write_text("hello\n\nworld\n")
+    (project / "extra.txt").write_text("again\n")
+    (project / "more").mkdir()
+    (project / "more" / "a.txt").write_text("and\n")
+    (project / "more" / "b.txt").write_text("more\n")
+    (project / "sep.txt").write_text("-")
+    (project / "base.txt").write_text(BASE)
+    return project, env
+
+
+BUILT = re.compile(r"^(\w+): (built|found) ([0-9a-f]{16})( in shelf)? \((\d+\.\d\d) s\)$", re.M)
+
+
+def reports(stdout: str) -> dict[str, tuple[str, str, str]]:
+    """Step name -> (built or found, key prefix, where) from the engine's lines; times sane."""
+    found = {}
+    for name, state, key, where, took in BUILT.findall(stdout):
+        assert float(took) < 60, stdout
+        found[name] = (state, key, where.strip())
+    return found
+
+
+def test_a_step_reads_its_dependencys_output_and_lives_in_its_own_cache(tmp_path):
+    project, env = make_chain(tmp_path)
+    first = doit(project, env, "shout")
+    assert first.returncode == 0, first.stderr
+    lines = reports(first.stdout)
+    assert lines["words"][:1] == ("built",) and lines["words"][2] == ""
+    assert lines["shout"][0] == "built" and lines["shout"][2] == "in shelf"
+    [shelved] = (project / "shelf").iterdir()
+    assert shelved.name.startswith(lines["shout"][1])
+    assert (shelved / "shout.txt").read_text() == f"HELLO-WORLD-AGAIN-AND-MORE key={shelved.name}"
+    store = Store(project / "store")
+    assert not store.step_dir(shelved.name).exists()  # the shelf holds it, not the store
+    [words_key] = [p.name for p in (store.root / "steps").iterdir()]
+    assert words_key.startswith(lines["words"][1])
+    record = json.loads((store.step_dir(words_key) / "step.json").read_text())
+    assert record["key"] == words_key and record["name"] == "words"
+    assert record["started"] <= record["finished"]
+    assert store.has_record("shout", shelved.name) and store.has_record("words", words_key)
+
+    again = doit(project, env, "shout")
+    assert again.returncode == 0 and reports(again.stdout) == {}
+    assert "-- words" in again.stdout and "-- shout" in again.stdout
+
+
+def test_output_found_in_the_cache_is_recorded_so_explain_names_what_changed_since(tmp_path):
+    project, env = make_chain(tmp_path)
+    assert doit(project, env, "shout").returncode == 0
+    [shelved] = (project / "shelf").iterdir()
+    # Another runner, with a store of its own, finds shout in the shelf: nothing to build.
+    other = {**env, "SPARKFORGE_STORE": str(tmp_path / "other-store")}
+    found = doit(project, other, "shout")
+    assert found.returncode == 0, found.stderr
+    assert "shout" not in reports(found.stdout) and "-- shout" in found.stdout
+    assert Store(tmp_path / "other-store").has_record("shout", shelved.name)
+
+    (project / "base.txt").write_text("sha256:" + "b" * 64)
+    explained = doit(project, other, "explain", "shout").stdout
+    assert f"against the newest stored output ({shelved.name[:16]})" in explained
+    assert "  deps.base: 'sha256:aaaaaaaaa" in explained
+    assert "-> 'sha256:bbbbbbbbb" in explained
+
+
+def test_explain_follows_a_changed_dependency_down_to_the_file_that_changed(tmp_path):
+    project, env = make_chain(tmp_path)
+    assert doit(project, env, "shout").returncode == 0
+    (project / "more" / "b.txt").write_text("less\n")
+    (project / "sep.txt").write_text("+")
+    lines = doit(project, env, "explain", "shout").stdout.splitlines()
+    assert lines[0].startswith("shout: would run: key ")
+    assert lines[1].startswith("  deps.words: ")
+    assert lines[2].startswith("    words: would run: key ")
+    assert lines[3] == "      params.sep: '-' -> '+'"
+    assert lines[4].startswith("      inputs.more: ") and lines[4].endswith(" (changed: b.txt)")
+    assert len(lines) == 5
+
+    assert doit(project, env, "shout").returncode == 0
+    shouted = {p.name: (p / "shout.txt").read_text() for p in (project / "shelf").iterdir()}
+    assert sorted(t.split(" key=")[0] for t in shouted.values()) == [
+        "HELLO+WORLD+AGAIN+AND+LESS",
+        "HELLO-WORLD-AGAIN-AND-MORE",
+    ]
+
+
+def test_every_input_kind_is_part_of_the_key(tmp_path):
+    project, env = make_chain(tmp_path)
+    assert doit(project, env, "words").returncode == 0
+    for path, text in (
+        ("lines.txt", "hello\n\nthere\n"),  # the Input object
+        ("extra.txt", "too\n"),  # a file after it
+        ("more/a.txt", "or\n"),  # a folder
+    ):
+        (project / path).write_text(text)
+        result = doit(project, env, "words")
+        assert reports(result.stdout)["words"][0] == "built", (path, result.stdout)
+    (project / "lines.txt").write_text("hello\n\n\nthere\n")  # a blank line the Input ignores
+    assert "-- words" in doit(project, env, "words").stdout
+
+
+def failure(result: subprocess.CompletedProcess) -> list[str]:
+    """The lines doit printed for a failed task (no traceback: the engine's one line)."""
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "Traceback" not in output, output
+    return output.splitlines()
+
+
+def test_a_missing_input_and_a_failing_action_are_one_line_and_store_nothing(tmp_path):
+    project, env = make_chain(tmp_path)
+    extra = project / "extra.txt"
+    extra.unlink()
+    missing = doit(project, env, "words")
+    assert f"step words: input 'extra' not found: {extra}" in failure(missing)
+
+    extra.write_text("again\n")
+    (project / "sep.txt").write_text("!")
+    failed = doit(project, env, "words")
+    assert "words: '!' is no separator" in failure(failed)
+    assert not list((project / "store" / "steps").iterdir())
+
+
+def test_a_side_task_runs_until_its_place_says_done_and_fails_in_one_line(tmp_path):
+    project, env = make_chain(tmp_path)
+    for _ in range(2):
+        assert doit(project, env, "announce").returncode == 0
+    assert (project / "announced.log").read_text() == "announced\n"
+
+    (project / "post.txt").write_text("closed\n")
+    closed = doit(project, env, "post")
+    assert "post: the board is closed" in failure(closed)
+    (project / "post.txt").write_text("open\n")
+    missing = doit(project, env, "post")
+    assert (
+        f"FileNotFoundError: [Errno 2] No such file or directory: '{project / 'no-such-board'}'"
+        in failure(missing)
+    )
+
+
+def test_a_second_builder_of_a_key_waits_and_uses_the_first_ones_output(tmp_path):
+    project, env = make_project(tmp_path)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "doit", "greet", "slow=30"],
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while not (project / "writing").exists():
+        assert first.poll() is None, first.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    second = doit(project, env, "greet")  # the same key, while the first still writes
+    out, _ = first.communicate()
+    assert first.returncode == 0 and second.returncode == 0, second.stderr
+    assert reports(out)["greet"][0] == "built"
+    assert reports(second.stdout)["greet"][0] == "found"
+    assert reports(second.stdout)["greet"][1] == reports(out)["greet"][1]
+    assert runs(project) == ["hello"]  # the action ran once
+
+
+# --- the store's own API: areas, records -----------------------------------------------------
+
+
+def test_store_areas_are_plain_names_made_on_first_use(tmp_path):
+    store = Store(tmp_path / "store")
+    layers = store.area("layers")
+    assert layers == tmp_path / "store" / "layers" and layers.is_dir()
+    assert store.area("layers") == layers  # a second use finds it
+    for name in ("steps", "tmp", "locks", "records", "a/b", ".hidden"):
+        with pytest.raises(ValueError) as err:
+            store.area(name)
+        assert str(err.value) == f"store area {name!r}: reserved or not a plain name"
+
+
+def test_records_of_a_step_come_newest_first_whatever_its_name(tmp_path):
+    store = Store(tmp_path / "store")
+    name = "images/base"  # task names may hold a slash: one folder per name all the same
+    for key, finished in (("k1", 1.0), ("k2", 3.0), ("k3", 2.0)):
+        store.remember({"name": name, "key": key, "finished": finished})
+    assert [r["key"] for r in store.records_for(name)] == ["k2", "k3", "k1"]
+    assert store.has_record(name, "k1") and not store.has_record(name, "k4")
+    assert not store.has_record("images", "k1") and store.records_for("images") == []
+    assert [p.name for p in (store.root / "records").iterdir()] == ["images%2Fbase"]
+
+
+def test_engine_run_builds_once_then_finds_and_passes_its_key_and_params(tmp_path, capsys):
+    (tmp_path / "in.txt").write_text("x")
+    seen = []
+    step = Step(
+        name="copy",
+        recipe="copy",
+        version=1,
+        doc="",
+        action=lambda run: seen.append((run.key, dict(run.params), run.out)),
+        params={"n": 1},
+        inputs={"in": Path("in.txt")},
+    )
+    engine = Engine(Store(tmp_path / "store"), root=tmp_path)
+    out = engine.run(step)
+    again = engine.run(step)
+    key = engine.key(step)
+    assert out == again == engine.output(step) == engine.store.output_dir(key)
+    assert seen == [(key, {"n": 1}, engine.store.root / "tmp" / seen[0][2].parent.name / "out")]
+    printed = capsys.readouterr().out
+    assert [(s, k) for s, k, _ in reports(printed).values()] == [("found", key[:16])]
+    assert re.search(rf"^copy: built {key[:16]} \(\d+\.\d\d s\)$", printed, re.M)
+
+
+# --- keys and the stat cache: fixed values, what is recorded --------------------------------
+
+
+# sha256 of the canonical JSON {"deps":{"d":"1…"},"inputs":{"f":"0…"},"params":{"x":"é"},
+# "recipe":"r","version":1}: a key must not move between machines or releases (it names
+# outputs in the store and in the registry).
+KNOWN_KEY = "6e67a4f3cc466b0e3843e65ba93fafc8ddad6c67eb0d6c8e962765dc52c43dab"
+# sha256 of the canonical JSON of the sorted [path, kind (f, x, link), digest or target] list.
+KNOWN_TREE = "e36bef8c2bfc3d2e5b9018d0424c984be89e05698af5112b4747d35b7203af17"
+
+
+def test_keys_are_fixed_values_of_their_material():
+    assert canonical_json({"b": [1, 2.5], "a": "é"}) == '{"a":"é","b":[1,2.5]}'.encode()
+    with pytest.raises(ValueError):
+        canonical_json({"x": float("nan")})
+    material = key_material("r", 1, {"x": "é"}, {"f": "0" * 64}, {"d": "1" * 64})
+    assert step_key(material) == KNOWN_KEY
+
+
+def make_tree(root: Path) -> None:
+    """A folder with a subfolder, an executable, a world-writable file, a link, and a skip."""
+    (root / "sub").mkdir(parents=True)
+    (root / "skipdir").mkdir()
+    (root / "a.txt").write_text("a")
+    (root / "run.sh").write_text("#!/bin/sh\n")
+    (root / "run.sh").chmod(0o755)
+    (root / "shared.txt").write_text("s")
+    (root / "shared.txt").chmod(0o666)
+    (root / "sub" / "b.txt").write_text("b")
+    (root / "link").symlink_to("sub/b.txt")
+    (root / "skipdir" / "c.txt").write_text("c")
+    (root / "0-skip.txt").write_text("skip")
+
+
+def test_a_folder_digest_is_a_fixed_value_of_names_kinds_links_and_contents(tmp_path):
+    tree = tmp_path / "tree"
+    make_tree(tree)
+    cache = StatCache(tmp_path / "cache.sqlite3")
+    digest, listing = cache.tree_listing(tree, exclude=["0-skip.txt", "skipdir"])
+    sha = {text: hashlib.sha256(text.encode()).hexdigest() for text in ("a", "s", "b")}
+    assert listing == {
+        "a.txt": sha["a"],
+        "link": "sub/b.txt",
+        "run.sh": hashlib.sha256(b"#!/bin/sh\n").hexdigest(),
+        "shared.txt": sha["s"],
+        "sub/b.txt": sha["b"],
+    }
+    assert digest == KNOWN_TREE
+    assert cache.digest_tree(tree, exclude=["0-skip.txt", "skipdir"]) == digest
+    assert cache.digest_tree(tree) != digest
+
+
+def test_a_hard_link_is_found_under_the_name_that_was_hashed(tmp_path):
+    cache = StatCache(tmp_path / "deep" / "er" / "cache.sqlite3")  # makes its folders
+    blob = tmp_path / "blob"
+    blob.write_text("weights")
+    other = tmp_path / "other"
+    other.write_text("other")
+    cache.digest_file(blob)
+    os.link(blob, tmp_path / "staged")
+    assert cache.path_of_inode(os.stat(tmp_path / "staged")) == blob
+    assert cache.path_of_inode(os.stat(other)) is None
+
+
+def test_only_files_unchanged_since_hashing_are_recorded(tmp_path):
+    cache = StatCache(tmp_path / "cache.sqlite3")
+    gone, moved, kept = (tmp_path / n for n in ("gone", "moved", "kept"))
+    for path in (gone, moved, kept):
+        path.write_text(path.name)
+    keys = {path: stat_key(os.stat(path)) for path in (gone, moved, kept)}
+    gone.unlink()
+    moved.write_text("moved on")
+    cache.record((path, keys[path], "0" * 64) for path in (gone, moved, kept))
+    assert cache.lookup(kept, os.stat(kept)) == "0" * 64
+    assert cache.lookup(moved, os.stat(moved)) is None
+
+
+def test_a_fresh_digest_reads_the_file_again_and_a_folder_is_refused(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"z" * (4 << 20))
+    cache = StatCache(tmp_path / "cache.sqlite3")
+    cache.digest_file(path)
+    before = read_chars()
+    cache.digest_files([path])
+    assert read_chars() - before < 1 << 20
+    cache.digest_files([path], fresh=True)
+    assert read_chars() - before >= 4 << 20
+    with pytest.raises(IsADirectoryError, match=f"^{tmp_path}: expected a regular file$"):
+        cache.digest_files([tmp_path])

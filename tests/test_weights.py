@@ -14,6 +14,7 @@ import textwrap
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
@@ -50,12 +51,39 @@ def fetch(client, lock, blobs, **options):
     return fetch_lock(client, lock, blobs, FetchOptions(**options), progress_factory=NoProgress)
 
 
+def delete_prefix(client, bucket: str, prefix: str) -> None:
+    """Delete every object under prefix (what a test put in the shared bucket)."""
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
+        if keys:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+
+
+@contextlib.contextmanager
+def fresh_source(s3, kind: str) -> Iterator[str]:
+    """A model source under a fresh prefix of the models bucket, emptied afterwards."""
+    prefix = f"{kind}-{uuid.uuid4().hex[:8]}"
+    try:
+        yield f"s3://models/{prefix}/DeepSeek-V4.1-Flash-synthetic"
+    finally:
+        delete_prefix(s3, "models", f"{prefix}/")
+
+
+# A source that already holds the synthetic model, to use instead of uploading one per module
+# (tests/perf/mutation.py uploads it once for its hundreds of runs); left as it is.
+SHARED_SYNTHETIC = "SPARKFORGE_TEST_SYNTHETIC"
+
+
 @pytest.fixture(scope="module")
 def synthetic(s3):
-    """The synthetic model uploaded under a fresh prefix, and the lock made from the bucket."""
-    source = f"s3://models/test-{uuid.uuid4().hex[:8]}/DeepSeek-V4.1-Flash-synthetic"
-    upload_synthetic(s3, source, SyntheticShape())
-    return source, hash_bucket(s3, "dsv41-flash-synthetic", source, previous=None)
+    """The synthetic model uploaded under a fresh prefix (deleted afterwards), and the lock
+    made from the bucket."""
+    with contextlib.ExitStack() as cleanup:
+        source = os.environ.get(SHARED_SYNTHETIC)
+        if not source:
+            source = cleanup.enter_context(fresh_source(s3, "test"))
+            upload_synthetic(s3, source, SyntheticShape())
+        yield source, hash_bucket(s3, "dsv41-flash-synthetic", source, previous=None)
 
 
 @pytest.fixture
@@ -105,8 +133,13 @@ def test_noop_rerun_reads_no_model_bytes(s3, synthetic, blobs):
 
 
 def test_flipped_byte_in_bucket_is_detected_named_and_not_stored(s3, synthetic, blobs):
+    with fresh_source(s3, "flipped") as bad_source:
+        flipped_byte_is_detected(s3, synthetic, blobs, bad_source)
+
+
+def flipped_byte_is_detected(s3, synthetic, blobs, bad_source: str) -> None:
+    """A copy of the model under bad_source with one byte of BIG flipped fails its fetch."""
     source, lock = synthetic
-    bad_source = source.replace("test-", "flipped-")
     url, bad_url = S3Url.parse(source), S3Url.parse(bad_source)
     for entry in lock.files:
         s3.copy_object(

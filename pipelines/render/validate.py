@@ -1,15 +1,25 @@
-"""Offline checks of rendered documents; each violation is one line: document, path, rule, value."""
+"""Offline checks of rendered documents, in four layers; each violation is one line: document,
+path, rule, value.
+
+1. llmkube kinds against the schemas derived from the operator's CRDs (crd_schema.py);
+2. the operator's own rules: its CEL rules and admission guard (operator_rules.py);
+3. policy, ours: the ring's rules below, caches on volumes (cache_mounts.py), no secrets;
+4. core kinds against Kubernetes' own schemas (kubernetes-validate).
+"""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
-from functools import cache
 from typing import Any
 
-from pipelines.paths import SCHEMAS_DIR
+from pipelines.render.cache_mounts import check_cache_mounts
+from pipelines.render.crd_schema import check_crd_schema
 from pipelines.render.documents import LLMKUBE, Document
+from pipelines.render.operator_rules import check_operator_rules
+from pipelines.render.violations import violation
+
+__all__ = ["check_operator_rules", "violation"]  # re-exported: callers check one layer alone
 
 K8S_VERSION = "1.33"
 ROCE_DEVICES = ("rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1")
@@ -18,85 +28,17 @@ TP3_MIN_GPU_MEMORY = 0.78  # measured floor that leaves a KV pool at TP3 (0.72 g
 PINNED = re.compile(r"@sha256:[0-9a-f]{64}$")
 
 
-def violation(doc: str, path: Iterable, rule: str, found: Any) -> str:
-    """One line naming the document, the field path, the rule and the value found."""
-    dotted = ".".join(str(p) for p in path) or "(document)"
-    shown = found if isinstance(found, (int, float, bool)) or found is None else str(found)
-    if isinstance(shown, str) and len(shown) > 80:
-        shown = shown[:77] + "..."
-    return f"{doc}: {dotted}: {rule} (found {shown!r})"
-
-
-@cache
-def llmkube_schema(kind: str) -> dict:
-    """The JSON Schema this project keeps for an llmkube kind."""
-    return json.loads((SCHEMAS_DIR / f"{kind.lower()}.schema.json").read_text())
-
-
 def check_schema(doc: Document) -> list[str]:
-    """llmkube kinds against our schemas; core kinds against Kubernetes' own, unknown fields out."""
-    import jsonschema  # loaded when something is rendered, not for a no-op run
-    import kubernetes_validate
+    """Layer 1 for llmkube kinds, layer 4 for core kinds; unknown fields are errors in both."""
+    if doc.body.get("apiVersion") == LLMKUBE:
+        return check_crd_schema(doc)
+    import kubernetes_validate  # loaded when something is rendered, not for a no-op run
 
-    body = doc.body
-    if body.get("apiVersion") == LLMKUBE:
-        validator = jsonschema.Draft202012Validator(
-            llmkube_schema(body["kind"]), format_checker=jsonschema.FormatChecker()
-        )
-        errors = sorted(validator.iter_errors(body), key=lambda e: list(e.absolute_path))
-        return [violation(doc.file, e.absolute_path, e.message, e.instance) for e in errors]
     try:
-        kubernetes_validate.validate(body, K8S_VERSION, strict=True)
+        kubernetes_validate.validate(doc.body, K8S_VERSION, strict=True)
     except kubernetes_validate.ValidationError as err:
         return [violation(doc.file, err.absolute_path, err.message, err.instance)]
     return []
-
-
-def check_operator_rules(doc: Document) -> list[str]:
-    """The operator's cross-field rules for a multi-node InferenceService (its CEL rules)."""
-    spec = doc.body.get("spec", {})
-    multi = spec.get("multiNode")
-    if not multi:
-        return []
-    found = []
-    members = multi.get("members", [])
-    if not members or not members[0].get("fabric", {}).get("address"):
-        found.append(
-            violation(
-                doc.file,
-                ["spec", "multiNode", "members", 0, "fabric", "address"],
-                "required: the rendezvous address of rank 0",
-                None,
-            )
-        )
-    if spec.get("replicas") not in (None, 1):
-        found.append(
-            violation(
-                doc.file,
-                ["spec", "replicas"],
-                "must be 1 or unset with multiNode",
-                spec.get("replicas"),
-            )
-        )
-    if spec.get("runtime") != "vllm":
-        found.append(
-            violation(
-                doc.file, ["spec", "runtime"], "multiNode needs runtime vllm", spec.get("runtime")
-            )
-        )
-    vllm = spec.get("vllmConfig", {})
-    product = vllm.get("tensorParallelSize", 1) * vllm.get("pipelineParallelSize", 1)
-    gpus = len(members) * spec.get("resources", {}).get("gpu", 0)
-    if product != gpus:
-        found.append(
-            violation(
-                doc.file,
-                ["spec", "vllmConfig", "tensorParallelSize"],
-                f"tensorParallelSize x pipelineParallelSize must equal members x gpu = {gpus}",
-                product,
-            )
-        )
-    return found
 
 
 def env_of(spec: dict) -> dict[str, str]:
@@ -215,13 +157,20 @@ def check_secrets(docs: list[Document], secrets: list[str]) -> list[str]:
     return found
 
 
+def validate_layers(docs: list[Document], secrets: list[str]) -> dict[str, list[str]]:
+    """Every violation, by layer: schemas (1 and 4), the operator's rules (2), policy (3)."""
+    return {
+        "schema": [line for doc in docs for line in check_schema(doc)],
+        "operator": [
+            line
+            for doc in docs
+            if doc.body.get("apiVersion") == LLMKUBE
+            for line in check_operator_rules(doc)
+        ],
+        "policy": check_ring_rules(docs) + check_cache_mounts(docs) + check_secrets(docs, secrets),
+    }
+
+
 def validate_documents(docs: list[Document], secrets: list[str]) -> list[str]:
-    """Every violation in the rendered documents (empty when they may be applied)."""
-    found = []
-    for doc in docs:
-        found += check_schema(doc)
-        if doc.body.get("kind") == "InferenceService":
-            found += check_operator_rules(doc)
-    found += check_ring_rules(docs)
-    found += check_secrets(docs, secrets)
-    return found
+    """Every violation in the rendered documents, layer by layer (empty when they may apply)."""
+    return [line for lines in validate_layers(docs, secrets).values() for line in lines]

@@ -11,10 +11,12 @@ get a store of their own). The [tool.mutmut] section of pyproject.toml is copied
 only_mutate and the test selection narrowed to the group. Tests reach the local stack that
 scripts/stack runs ($SPARKFORGE_STACK_DIR, else the checkout's .stack/).
 
-mutmut runs a mutant only against the tests that called the mutated function in its own
-process. Functions that only a doit subprocess calls (Engine.task, the doit actions) have no
-such test ("no tests"): this script then runs the group's whole selection with the mutant
-switched on (MUTANT_UNDER_TEST reaches the subprocesses, PYTHONPATH points them at mutants/).
+mutmut runs a mutant only against the tests that called the mutated function, and it sees
+calls in its own process only. Most of the engine runs in the doit subprocesses the tests
+start, so the copy gets two hooks (WORKDIR/hooks, on PYTHONPATH): a sitecustomize that, in a
+subprocess started by a test during mutmut's stats run, hands the functions it called back to
+that test, and a pytest plugin that tells mutmut. A mutant still without a test ("no tests")
+is run against the group's whole selection (MUTANT_UNDER_TEST reaches the subprocesses too).
 
 Score: killed (a test failed, or the run timed out) / all mutants of the module. Survivors are
 listed by name; their diffs are written to WORKDIR/survivors.diff (--diffs prints them).
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import os
@@ -35,6 +38,8 @@ import sys
 import tempfile
 import time
 import tomllib
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,9 +63,71 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "validators": (["pipelines/render/validate.py"], ["tests/test_render.py"]),
 }
 
+# Groups whose tests fetch the synthetic model: uploaded once per run, not once per test run.
+SHARED_MODEL = {"fetch"}
+
 # mutmut's exit codes (mutmut.stats.status_by_exit_code); killed and timeout count as killed.
 KILLED = {1, 3, 36, 24, -24, 152, 255}
 NO_TESTS = {5, 33}
+
+
+# Imported by every Python process whose PYTHONPATH has WORKDIR/hooks: in one started by a
+# test during mutmut's stats run, keep the functions it called for the plugin below.
+SITECUSTOMIZE = """
+import atexit, json, os, sys
+
+def _hand_back_hits():
+    if os.environ.get("MUTANT_UNDER_TEST") != "stats" or "mutmut.state" not in sys.modules:
+        return
+    hits = sorted(sys.modules["mutmut.state"].state()._stats)
+    if hits:
+        path = os.path.join(os.environ["SPARKFORGE_MUTATION_HITS"], f"{os.getpid()}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({"test": os.environ["SPARKFORGE_MUTATION_TEST"], "hits": hits}, f)
+        os.rename(path + ".tmp", path)
+
+if os.environ.get("SPARKFORGE_MUTATION_TEST") and os.environ.get("SPARKFORGE_MUTATION_HITS"):
+    atexit.register(_hand_back_hits)
+"""
+
+# A pytest plugin (-p mutation_hits): names the running test to the subprocesses it starts,
+# and adds what they called to mutmut's record of the test (before mutmut reads it). With a
+# mutant on, it runs the quickest tests first: a killed mutant is then known sooner.
+PLUGIN = """
+import json, os
+from pathlib import Path
+
+import pytest
+
+# pipelines.progress takes sys.stderr as a default argument when first imported: imported by
+# a test module inside one pytest session it would keep that session's capture stream, closed
+# when the session ends, for the later sessions mutmut runs in the same process.
+import pipelines.progress  # noqa: F401
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    if "__mutmut_" not in os.environ.get("MUTANT_UNDER_TEST", ""):
+        return
+    from mutmut.state import state
+    durations = state().duration_by_test
+    items.sort(key=lambda item: durations.get(item.nodeid, 0.0))
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    os.environ["SPARKFORGE_MUTATION_TEST"] = item.nodeid
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item, nextitem):
+    folder = os.environ.get("SPARKFORGE_MUTATION_HITS")
+    if not folder or os.environ.get("MUTANT_UNDER_TEST") != "stats":
+        return
+    from mutmut.state import state
+    for path in Path(folder).glob("*.json"):
+        data = json.loads(path.read_text())
+        if data["test"] == item.nodeid:
+            state()._stats.update(data["hits"])
+            path.unlink()
+"""
 
 
 def log(message: str) -> None:
@@ -104,6 +171,7 @@ def write_config(work: Path, modules: list[str], tests: list[str]) -> None:
     text = (REPO / "pyproject.toml").read_text()
     config = dict(tomllib.loads(text)["tool"]["mutmut"])
     config.update(only_mutate=modules, pytest_add_cli_args_test_selection=tests)
+    config["pytest_add_cli_args"] = [*config.get("pytest_add_cli_args", []), "-p", "mutation_hits"]
     start = text.index("[tool.mutmut]")
     following = text.find("\n[", start + 1)
     rest = "" if following < 0 else text[following:]
@@ -119,12 +187,44 @@ def module_digest(modules: list[str]) -> str:
     return digest.hexdigest()
 
 
+@contextlib.contextmanager
+def shared_synthetic() -> Iterator[dict[str, str]]:
+    """The synthetic model uploaded once, under a prefix of its own, for every test run of a
+    group (tests/test_weights.py would upload it per run: 5 s each); deleted afterwards."""
+    sys.path.insert(0, str(REPO))
+    import devstack
+    from pipelines.weights.synthetic import SyntheticShape, upload_synthetic
+
+    stack_dir = stack_folder()
+    client = devstack.s3_client(
+        devstack.read_endpoints(stack_dir), devstack.s3_credentials(stack_dir)
+    )
+    prefix = f"mutation-{uuid.uuid4().hex[:8]}"
+    source = f"s3://models/{prefix}/DeepSeek-V4.1-Flash-synthetic"
+    try:
+        upload_synthetic(client, source, SyntheticShape())
+        yield {"SPARKFORGE_TEST_SYNTHETIC": source}
+    finally:
+        for page in client.get_paginator("list_objects_v2").paginate(
+            Bucket="models", Prefix=f"{prefix}/"
+        ):
+            keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket="models", Delete={"Objects": keys, "Quiet": True})
+
+
+def stack_folder() -> str:
+    """The local stack the tests use: $SPARKFORGE_STACK_DIR, else the checkout's .stack/."""
+    return os.environ.get("SPARKFORGE_STACK_DIR") or str(REPO / ".stack")
+
+
 def environment(work: Path) -> dict[str, str]:
     """Env of every run: the mutated package first on the path (subprocesses too), the
     stack's folder, a store of the run's own."""
     env = {k: v for k, v in os.environ.items() if k != "MUTANT_UNDER_TEST"}
-    env["PYTHONPATH"] = str(work / "mutants")
-    env["SPARKFORGE_STACK_DIR"] = os.environ.get("SPARKFORGE_STACK_DIR") or str(REPO / ".stack")
+    env["PYTHONPATH"] = os.pathsep.join([str(work / "mutants"), str(work / "hooks")])
+    env["SPARKFORGE_MUTATION_HITS"] = str(work / "hits")
+    env["SPARKFORGE_STACK_DIR"] = stack_folder()
     env["SPARKFORGE_STORE"] = str(work / "store")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
@@ -152,10 +252,9 @@ def pytest_argv(tests: list[str]) -> list[str]:
 
 
 def whole_selection_pass(
-    work: Path, tests: list[str], names: list[str], children: int
+    work: Path, env: dict[str, str], tests: list[str], names: list[str], children: int
 ) -> dict[str, int]:
     """Exit code of the whole selection with each mutant on (mutants no test calls in-process)."""
-    env = environment(work)
     started = time.monotonic()
     clean = subprocess.run(
         pytest_argv(tests), cwd=work / "mutants", env=env, capture_output=True, text=True
@@ -180,6 +279,28 @@ def whole_selection_pass(
         return dict(zip(names, pool.map(one, names), strict=True))
 
 
+SHOW = """
+import sys
+from mutmut.__main__ import show
+for name in sys.argv[1:]:
+    show.callback(name)
+"""
+
+
+def survivor_diffs(work: Path, env: dict[str, str], names: list[str]) -> str:
+    """`mutmut show` of each survivor, in one process."""
+    if not names:
+        return ""
+    shown = subprocess.run(
+        [sys.executable, "-c", SHOW, *names],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    return shown.stdout + shown.stderr
+
+
 def status(code: int | None) -> str:
     if code in KILLED:
         return "killed" if code in (1, 3) else "timeout"
@@ -191,7 +312,15 @@ def status(code: int | None) -> str:
 
 
 def run_group(group: str, args: argparse.Namespace) -> dict:
-    modules, tests = GROUPS[group]
+    with contextlib.ExitStack() as cleanup:
+        modules, tests = GROUPS[group]
+        extra = cleanup.enter_context(shared_synthetic()) if group in SHARED_MODEL else {}
+        return run_mutmut(group, modules, tests, extra, args)
+
+
+def run_mutmut(
+    group: str, modules: list[str], tests: list[str], extra: dict[str, str], args
+) -> dict:
     work = (args.workdir or Path(tempfile.gettempdir()) / "sparkforge-mutation") / group
     digest = module_digest(modules)
     stamp = work / "sources.sha256"
@@ -203,7 +332,12 @@ def run_group(group: str, args: argparse.Namespace) -> dict:
     # mutants/ exists before mutmut starts: a PYTHONPATH entry missing at start-up is cached
     # as "no such folder" and the package would then come from the editable install.
     (work / "mutants").mkdir(parents=True, exist_ok=True)
+    (work / "hits").mkdir(exist_ok=True)
+    (work / "hooks").mkdir(exist_ok=True)
+    (work / "hooks" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    (work / "hooks" / "mutation_hits.py").write_text(PLUGIN)
     sync_copy(work)
+    env = environment(work) | extra
     write_config(work, modules, tests)
     names: list[str] = []
     if again:
@@ -214,11 +348,10 @@ def run_group(group: str, args: argparse.Namespace) -> dict:
     started = time.monotonic()
     if not again or names:
         argv = [str(BIN / "mutmut"), "run", "--max-children", str(args.max_children), *names]
-        log(f"{group}: {' '.join(argv[:4])}{' (%d mutants)' % len(names) if names else ''}")
+        again_note = f" ({len(names)} mutants)" if names else ""
+        log(f"{group}: {' '.join(argv[:4])}{again_note}")
         with (work / "mutmut.log").open("w") as out:
-            result = subprocess.run(
-                argv, cwd=work, env=environment(work), stdout=out, stderr=subprocess.STDOUT
-            )
+            result = subprocess.run(argv, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
         if result.returncode != 0:
             tail = (work / "mutmut.log").read_text()[-4000:]
             sys.exit(f"{group}: mutmut failed (exit {result.returncode}):\n{tail}")
@@ -229,7 +362,7 @@ def run_group(group: str, args: argparse.Namespace) -> dict:
     orphans = {n: m for m, codes in results.items() for n, c in codes.items() if c in NO_TESTS}
     if orphans:
         log(f"{group}: {len(orphans)} mutants without an in-process test: the whole selection")
-        codes = whole_selection_pass(work, tests, sorted(orphans), args.max_children)
+        codes = whole_selection_pass(work, env, tests, sorted(orphans), args.max_children)
         for module in modules:
             mine = {n: c for n, c in codes.items() if orphans[n] == module}
             if mine:
@@ -239,17 +372,8 @@ def run_group(group: str, args: argparse.Namespace) -> dict:
     stamp.write_text(digest)
 
     survivors = [n for codes in results.values() for n, c in codes.items() if c not in KILLED]
-    diffs = []
-    for name in survivors:
-        shown = subprocess.run(
-            [str(BIN / "mutmut"), "show", name],
-            cwd=work,
-            env=environment(work),
-            capture_output=True,
-            text=True,
-        )
-        diffs.append(shown.stdout)
-    (work / "survivors.diff").write_text("\n".join(diffs))
+    diffs = survivor_diffs(work, env, survivors)
+    (work / "survivors.diff").write_text(diffs)
 
     summary = {
         "group": group,
@@ -277,7 +401,7 @@ def run_group(group: str, args: argparse.Namespace) -> dict:
         f" pass {selection_s:.0f} s; diffs of survivors: {work / 'survivors.diff'}"
     )
     if args.diffs:
-        log("\n".join(diffs))
+        log(diffs)
     (work / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
