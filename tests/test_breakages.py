@@ -1,4 +1,4 @@
-"""Tests that each fail when one feature named in issue 9's table breaks.
+"""Tests that each fail when one guard of the pipeline breaks (each was once unguarded).
 
 Each goes through the path a user takes (a doit task, or the stage's public function) and
 asserts what the user would see: the one-line message, the digest, the bytes sent.

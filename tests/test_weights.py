@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
+import http.client
 import json
 import os
 import signal
@@ -38,12 +40,19 @@ from pipelines.weights.lock import (
 )
 from pipelines.weights.options import FetchOptions
 from pipelines.weights.patch import PatchError, patch_tp3, patch_tp3_folder
+from pipelines.weights.ranges import direct_readinto
 from pipelines.weights.s3 import CLIENT_CONFIG, S3Url
 from pipelines.weights.stage import is_staged, stage, stage_plan
-from pipelines.weights.synthetic import SyntheticShape, model_names, upload_synthetic
+from pipelines.weights.synthetic import (
+    SyntheticShape,
+    config_json,
+    model_names,
+    upload_synthetic,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 BIG = "model-00047-of-00048.safetensors"
+CONFIG_HEAD = config_json()[:10]
 
 
 def fetch(client, lock, blobs, **options):
@@ -52,11 +61,17 @@ def fetch(client, lock, blobs, **options):
 
 
 def delete_prefix(client, bucket: str, prefix: str) -> None:
-    """Delete every object under prefix (what a test put in the shared bucket)."""
+    """Delete every object under prefix (what a test put in the shared bucket), then the
+    folders SeaweedFS keeps for them (deepest first; elsewhere a no-op)."""
+    folders = {prefix}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
+        keys = [obj["Key"] for obj in page.get("Contents", [])]
         if keys:
-            client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+            objects = [{"Key": key} for key in keys]
+            client.delete_objects(Bucket=bucket, Delete={"Objects": objects, "Quiet": True})
+        folders.update(key[: i + 1] for key in keys for i, c in enumerate(key) if c == "/")
+    for folder in sorted(folders, key=len, reverse=True):
+        client.delete_object(Bucket=bucket, Key=folder)
 
 
 @contextlib.contextmanager
@@ -283,10 +298,11 @@ def test_folder_patch_keeps_the_original_and_never_writes_through_a_hard_link(tm
 
 
 class CuttingProxy:
-    """A TCP proxy to the real S3 that cuts every third connection after 300 kB of reply."""
+    """A TCP proxy to the real S3 that cuts every third (every) connection after 300 kB of reply."""
 
-    def __init__(self, target_port: int):
+    def __init__(self, target_port: int, every: int = 3):
         self.target = ("127.0.0.1", target_port)
+        self.every = every
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
         self.connections = 0
@@ -300,7 +316,7 @@ class CuttingProxy:
             except OSError:
                 return
             self.connections += 1
-            cut = self.connections % 3 == 0
+            cut = self.connections % self.every == 0
             upstream = socket.create_connection(self.target)
             threading.Thread(target=self.pipe, args=(client, upstream, None), daemon=True).start()
             limit = 300_000 if cut else None
@@ -326,6 +342,18 @@ class CuttingProxy:
         self.server.close()
 
 
+def proxied_client(proxy: CuttingProxy, stack, stack_env):
+    """A boto3 client for the stack's S3 through the proxy, as the pipeline configures one."""
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=f"http://127.0.0.1:{proxy.port}",
+        region_name=stack.s3_region,
+        aws_access_key_id=stack_env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=stack_env["AWS_SECRET_ACCESS_KEY"],
+        config=botocore.config.Config(max_pool_connections=4, **CLIENT_CONFIG),
+    )
+
+
 def test_dropped_connections_are_retried_and_the_file_still_verifies(
     synthetic, blobs, stack, stack_env
 ):
@@ -333,15 +361,7 @@ def test_dropped_connections_are_retried_and_the_file_still_verifies(
     entry = lock.entry(BIG)
     one = Lock(model=lock.model, source=lock.source, files=[entry])
     proxy = CuttingProxy(int(stack.s3_url.rsplit(":", 1)[1]))
-    config = botocore.config.Config(max_pool_connections=4, **CLIENT_CONFIG)
-    client = boto3.session.Session().client(
-        "s3",
-        endpoint_url=f"http://127.0.0.1:{proxy.port}",
-        region_name=stack.s3_region,
-        aws_access_key_id=stack_env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=stack_env["AWS_SECRET_ACCESS_KEY"],
-        config=config,
-    )
+    client = proxied_client(proxy, stack, stack_env)
     try:
         report = fetch(client, one, blobs, part_size=1 << 20, workers=4)
     finally:
@@ -350,3 +370,220 @@ def test_dropped_connections_are_retried_and_the_file_still_verifies(
     assert report.fetched == [BIG]
     assert report.downloaded > entry.size  # the cut ranges came again
     assert blobs.is_intact(entry.sha256, entry.size)
+
+
+def test_a_range_that_keeps_breaking_fails_in_one_line_naming_bytes_and_tries(
+    synthetic, blobs, stack, stack_env
+):
+    source, lock = synthetic
+    one = Lock(model=lock.model, source=source, files=[lock.entry(BIG)])
+    proxy = CuttingProxy(int(stack.s3_url.rsplit(":", 1)[1]), every=1)
+    try:
+        with pytest.raises(FetchError) as err:
+            fetch(
+                proxied_client(proxy, stack, stack_env),
+                one,
+                blobs,
+                part_size=1 << 20,
+                workers=1,
+                ahead=1,
+                retries=1,
+            )
+    finally:
+        proxy.close()
+    key = S3Url.parse(source).key(BIG)
+    assert str(err.value) == f"{key}: bytes 0-1048575 broke 2 times (IncompleteRange)"
+    assert proxy.cuts == 2
+    assert blobs.missing(one) == one.files
+
+
+# --- what a fetch reports, and the blob store's layout ---------------------------------------
+
+
+def test_objects_missing_from_the_bucket_fail_one_line_each_and_the_rest_is_fetched(
+    s3, synthetic, blobs
+):
+    source, lock = synthetic
+    small = [e for e in lock.files if e.name.startswith("model-0000")][:3]
+    gone = [e.model_copy(update={"name": f"gone-{i}.safetensors"}) for i, e in enumerate(small)]
+    mixed = Lock(model=lock.model, source=source, files=[*gone, lock.entry("config.json")])
+    # One range buffer: a failed range must hand its buffer back for the next file to fetch.
+    with pytest.raises(FetchError) as err:
+        fetch(s3, mixed, blobs, files_at_once=1, ahead=1, workers=1, part_size=1 << 20)
+    url = S3Url.parse(source)
+    assert sorted(str(err.value).split("\n")) == [
+        f"{url.key(e.name)}: S3 said NoSuchKey" for e in gone
+    ]
+    assert blobs.missing(mixed) == gone
+
+
+class RecordingProgress:
+    """A progress display that keeps what it was told (label, totals, bytes per file)."""
+
+    made: list[RecordingProgress] = []
+
+    def __init__(self, label: str, total: int, big_files: dict[str, int]):
+        self.label, self.total, self.big_files = label, total, big_files
+        self.bytes: dict[str, int] = {}
+        self.closed = False
+        RecordingProgress.made.append(self)
+
+    def advance(self, name: str, n: int) -> None:
+        self.bytes[name] = self.bytes.get(name, 0) + n
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_fetch_shows_progress_of_what_it_lacks_and_reports_what_it_reused(s3, synthetic, blobs):
+    _, lock = synthetic
+    have = [e for e in lock.files if e.name != BIG and e.size < 1 << 20]
+    fetch(s3, Lock(model=lock.model, source=lock.source, files=have), blobs)
+    missing = [e for e in lock.files if e not in have]
+    RecordingProgress.made.clear()
+    report = fetch_lock(s3, lock, blobs, FetchOptions(), progress_factory=RecordingProgress)
+    [progress] = RecordingProgress.made
+    assert progress.label == f"fetch {lock.model}" and progress.closed
+    assert progress.total == sum(e.size for e in missing) == report.downloaded
+    biggest = sorted(missing, key=lambda e: e.size, reverse=True)[:2]
+    assert progress.big_files == {e.name: e.size for e in biggest}
+    assert progress.bytes == {e.name: e.size for e in missing}
+    assert sorted(report.fetched) == sorted(e.name for e in missing)
+    assert sorted(report.reused) == sorted(e.name for e in have)
+
+    again = fetch_lock(s3, lock, blobs, FetchOptions(), progress_factory=RecordingProgress)
+    assert len(RecordingProgress.made) == 1  # nothing lacking: no progress display at all
+    assert again.fetched == [] and again.downloaded == 0
+    assert again.reused == [e.name for e in lock.files]
+
+
+def test_a_fetch_capped_at_a_rate_takes_at_least_size_over_rate(s3, synthetic, blobs):
+    _, lock = synthetic
+    shards = Lock(
+        model=lock.model,
+        source=lock.source,
+        files=[e for e in lock.files if e.name.startswith("model-0000")][:4],
+    )
+    size = sum(e.size for e in shards.files)
+    rate = 4e6
+    started = time.monotonic()
+    fetch(s3, shards, blobs, part_size=1 << 20, max_rate=rate)
+    took = time.monotonic() - started
+    # Each range's bytes are paid for after they arrive: all but the last MiB wait their turn.
+    assert took >= 0.9 * (size - (1 << 20)) / rate, took
+    assert blobs.missing(shards) == []
+
+
+KILLABLE_FETCH_PID = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    from pipelines.progress import NoProgress
+    from pipelines.statcache import StatCache
+    from pipelines.weights.blobs import BlobStore
+    from pipelines.weights.fetch import fetch_lock
+    from pipelines.weights.options import FetchOptions
+    from pipelines.weights.s3 import s3_client
+    from pipelines.weights.lock import load_lock
+    lock = load_lock(Path(sys.argv[1]))
+    blobs = BlobStore(sys.argv[2], StatCache(sys.argv[3]))
+    options = FetchOptions(part_size=1 << 20, workers=2, ahead=2, max_rate=4e6)
+    try:
+        fetch_lock(s3_client(), lock, blobs, options, progress_factory=NoProgress)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    """
+)
+
+
+def test_ctrl_c_stops_a_fetch_at_its_next_read(synthetic, blobs, tmp_path, stack_env):
+    _, lock = synthetic
+    one = Lock(model=lock.model, source=lock.source, files=[lock.entry(BIG)])
+    lock_file = tmp_path / "one.lock.yaml"
+    lock_file.write_text(json.dumps(one.model_dump()))
+    entry = one.files[0]
+    part = blobs.partial_file(entry.sha256)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLABLE_FETCH_PID, lock_file, blobs.root, blobs.statcache.db_path],
+        env={**os.environ, **stack_env},
+        cwd=REPO,
+    )
+    deadline = time.monotonic() + 60
+    while not part.exists() or part.stat().st_size < 4 << 20:
+        assert proc.poll() is None, "the fetch ended before it could be stopped"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    stopped = time.monotonic()
+    assert proc.wait(timeout=30) == 130
+    # At 4 MB/s the ~20 MB left would take 5 s; the ranges in flight stop at their next read.
+    assert time.monotonic() - stopped < 3
+    assert part.stat().st_size < entry.size
+    assert not blobs.blob(entry.sha256).exists()
+
+
+def test_blobs_are_read_only_files_named_by_sha256_under_blobs_sha256(s3, synthetic, blobs):
+    _, lock = synthetic
+    entry = lock.entry("config.json")
+    fetch(s3, Lock(model=lock.model, source=lock.source, files=[entry]), blobs)
+    blob = blobs.root / "blobs" / "sha256" / entry.sha256
+    assert blob.is_file() and blob.stat().st_mode & 0o777 == 0o444
+    assert blobs.partial_file("ab") == blobs.root / "partial" / "ab.part"
+    assert blobs.models == blobs.root / "models" and blobs.models.is_dir()
+
+    data = b'{"patched": true}'
+    sha = blobs.add_bytes(data)
+    added = blobs.root / "blobs" / "sha256" / sha
+    assert sha == hashlib.sha256(data).hexdigest()
+    assert added.read_bytes() == data and added.stat().st_mode & 0o777 == 0o444
+    inode = added.stat().st_ino
+    assert blobs.add_bytes(data) == sha and added.stat().st_ino == inode  # not written again
+    assert blobs.is_intact(sha, len(data))
+
+
+def test_blobs_are_checked_by_size_and_hashed_when_the_stat_cache_never_saw_them(
+    s3, synthetic, blobs, tmp_path
+):
+    _, lock = synthetic
+    small = Lock(
+        model=lock.model,
+        source=lock.source,
+        files=[e for e in lock.files if e.name.startswith("model-0000")][:3],
+    )
+    fetch(s3, small, blobs)
+    # The same blobs seen with a new stat cache (copied from another node): hashed, and kept.
+    fresh = BlobStore(blobs.root, StatCache(tmp_path / "new-statcache.sqlite3"))
+    before = read_chars()
+    assert fresh.missing(small) == []
+    assert read_chars() - before >= sum(e.size for e in small.files)
+    cut = small.files[0]
+    os.truncate(blobs.blob(cut.sha256), cut.size - 1)
+    assert fresh.missing(small) == [cut]
+
+
+def test_plain_s3_bodies_are_read_straight_from_the_socket(s3, synthetic):
+    """The fast reader for a body as get_object returns it (botocore's own reader copies every
+    byte twice); a body with a content-encoding goes through botocore."""
+    source, _ = synthetic
+    url = S3Url.parse(source)
+    plain = s3.get_object(Bucket=url.bucket, Key=url.key("config.json"), Range="bytes=0-9")
+    try:
+        reader = direct_readinto(plain["Body"], plain)
+        assert isinstance(reader.__self__, http.client.HTTPResponse)
+        view = memoryview(bytearray(10))
+        assert reader(view) == 10 and bytes(view) == CONFIG_HEAD
+    finally:
+        plain["Body"].close()
+    with fresh_source(s3, "encoded") as encoded:
+        target = S3Url.parse(encoded)
+        s3.put_object(
+            Bucket=target.bucket,
+            Key=target.key("config.json"),
+            Body=gzip.compress(b"{}"),
+            ContentEncoding="gzip",
+        )
+        zipped = s3.get_object(Bucket=target.bucket, Key=target.key("config.json"))
+        try:
+            assert direct_readinto(zipped["Body"], zipped) == zipped["Body"].readinto
+        finally:
+            zipped["Body"].close()

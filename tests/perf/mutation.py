@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -211,6 +212,9 @@ def shared_synthetic() -> Iterator[dict[str, str]]:
             keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
             if keys:
                 client.delete_objects(Bucket="models", Delete={"Objects": keys, "Quiet": True})
+        # SeaweedFS keeps the emptied folders as entries of their own.
+        for folder in (f"{source.removeprefix('s3://models/')}/", f"{prefix}/"):
+            client.delete_object(Bucket="models", Key=folder)
 
 
 def stack_folder() -> str:
@@ -228,6 +232,20 @@ def environment(work: Path) -> dict[str, str]:
     env["SPARKFORGE_STORE"] = str(work / "store")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
+
+
+def reap_leftovers(work: Path) -> None:
+    """Kill what tests of this run started and a killed mutant run left behind (a subprocess
+    whose test timed out): processes whose environment carries this run's hits folder."""
+    marker = f"SPARKFORGE_MUTATION_HITS={work / 'hits'}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if marker in (proc / "environ").read_bytes().split(b"\0"):
+                os.kill(int(proc.name), signal.SIGKILL)
+        except OSError:
+            continue
 
 
 def read_results(work: Path, modules: list[str]) -> dict[str, dict[str, int | None]]:
@@ -315,10 +333,22 @@ def run_group(group: str, args: argparse.Namespace) -> dict:
     with contextlib.ExitStack() as cleanup:
         modules, tests = GROUPS[group]
         extra = cleanup.enter_context(shared_synthetic()) if group in SHARED_MODEL else {}
-        return run_mutmut(group, modules, tests, extra, args)
+        return run_in_copy(group, modules, tests, extra, args)
 
 
-def run_mutmut(
+def run_mutmut(group: str, work: Path, env: dict[str, str], children: int, names: list[str]):
+    """`mutmut run` in work (of the named mutants, else of every one without a verdict)."""
+    argv = [str(BIN / "mutmut"), "run", "--max-children", str(children), *names]
+    log(f"{group}: {' '.join(argv[:4])}{f' ({len(names)} mutants)' if names else ''}")
+    with (work / "mutmut.log").open("a") as out:
+        result = subprocess.run(argv, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
+    reap_leftovers(work)
+    if result.returncode != 0:
+        tail = (work / "mutmut.log").read_text()[-4000:]
+        sys.exit(f"{group}: mutmut failed (exit {result.returncode}):\n{tail}")
+
+
+def run_in_copy(
     group: str, modules: list[str], tests: list[str], extra: dict[str, str], args
 ) -> dict:
     work = (args.workdir or Path(tempfile.gettempdir()) / "sparkforge-mutation") / group
@@ -347,14 +377,13 @@ def run_mutmut(
             log(f"{group}: every mutant was already killed")
     started = time.monotonic()
     if not again or names:
-        argv = [str(BIN / "mutmut"), "run", "--max-children", str(args.max_children), *names]
-        again_note = f" ({len(names)} mutants)" if names else ""
-        log(f"{group}: {' '.join(argv[:4])}{again_note}")
-        with (work / "mutmut.log").open("w") as out:
-            result = subprocess.run(argv, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
-        if result.returncode != 0:
-            tail = (work / "mutmut.log").read_text()[-4000:]
-            sys.exit(f"{group}: mutmut failed (exit {result.returncode}):\n{tail}")
+        run_mutmut(group, work, env, args.max_children, names)
+        # A changed setting (pytest arguments, timeouts) makes mutmut forget earlier verdicts:
+        # the mutants it was not asked about are then tested too.
+        if names and any(
+            c is None for codes in read_results(work, modules).values() for c in codes.values()
+        ):
+            run_mutmut(group, work, env, args.max_children, [])
     mutmut_s = time.monotonic() - started
 
     started = time.monotonic()
@@ -363,6 +392,7 @@ def run_mutmut(
     if orphans:
         log(f"{group}: {len(orphans)} mutants without an in-process test: the whole selection")
         codes = whole_selection_pass(work, env, tests, sorted(orphans), args.max_children)
+        reap_leftovers(work)
         for module in modules:
             mine = {n: c for n, c in codes.items() if orphans[n] == module}
             if mine:
