@@ -20,8 +20,16 @@ def stack():
     """The local stack's Endpoints; stopped at the end only where this session started it."""
     before = {s.name for s in local_stack.status() if s.state in ("running", "unhealthy")}
     # The reproducibility test wipes the engine's images: only ever the stack's own engine.
+    # Set for this call only: the stack tests' second stacks use a foreign engine on purpose.
+    before_env = os.environ.get(ENGINE_ENV)
     os.environ[ENGINE_ENV] = "own"
-    endpoints = local_stack.up()
+    try:
+        endpoints = local_stack.up()
+    finally:
+        if before_env is None:
+            os.environ.pop(ENGINE_ENV)
+        else:
+            os.environ[ENGINE_ENV] = before_env
     yield endpoints
     started_here = [name for name in endpoints.started if name not in before]
     if started_here:

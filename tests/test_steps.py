@@ -438,8 +438,9 @@ def test_a_side_task_runs_until_its_place_says_done_and_fails_in_one_line(tmp_pa
 
 def test_a_second_builder_of_a_key_waits_and_uses_the_first_ones_output(tmp_path):
     project, env = make_project(tmp_path)
+    # 4 s of writing: time for the second doit to start and queue on the key's lock.
     first = subprocess.Popen(
-        [sys.executable, "-m", "doit", "greet", "slow=30"],
+        [sys.executable, "-m", "doit", "greet", "slow=80"],
         cwd=project,
         env=env,
         stdout=subprocess.PIPE,

@@ -61,7 +61,17 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["pipelines/weights/fetch.py", "pipelines/weights/ranges.py", "pipelines/weights/blobs.py"],
         ["tests/test_weights.py"],
     ),
-    "validators": (["pipelines/render/validate.py"], ["tests/test_render.py"]),
+    # validate.py and the layers it calls: the CRD schemas, the operator's rules, policy.
+    "validators": (
+        [
+            "pipelines/render/validate.py",
+            "pipelines/render/operator_rules.py",
+            "pipelines/render/crd_schema.py",
+            "pipelines/render/cache_mounts.py",
+            "pipelines/render/violations.py",
+        ],
+        ["tests/test_render.py", "tests/test_operator.py"],
+    ),
 }
 
 # Groups whose tests fetch the synthetic model: uploaded once per run, not once per test run.
