@@ -194,6 +194,7 @@ class Fetcher:
                 self.options.retries,
                 self.stop,
                 lambda n: self._count_bytes(name, n),
+                self.limiter.take if self.limiter.rate else None,
             )
             return buffer, view
         except BaseException:
@@ -201,11 +202,10 @@ class Fetcher:
             raise
 
     def _count_bytes(self, name: str, n: int) -> None:
-        """Add n bytes that came over the network to the report, the progress, the rate."""
+        """Add n bytes that came over the network to the report and the progress."""
         with self._count:
             self.report.downloaded += n
         self.progress.advance(name, n)
-        self.limiter.take(n)
 
 
 def fetch_lock(

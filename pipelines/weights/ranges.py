@@ -48,11 +48,13 @@ def read_range(
     retries: int = RETRIES,
     stop: threading.Event | None = None,
     on_bytes: Callable[[int], None] = lambda n: None,
+    throttle: Callable[[int], None] | None = None,
 ) -> None:
     """Fill view with the bytes of object name from start on, retrying a broken body.
 
     on_bytes is told of bytes as they arrive (also those of a broken attempt: they crossed
-    the network); stop ends the read at its next chunk.
+    the network); throttle (a rate limit) is told of every read; stop ends the read at its next
+    chunk.
     """
     key = url.key(name)
     for attempt in range(retries + 1):
@@ -63,7 +65,7 @@ def read_range(
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
             raise RangeError(describe_s3_error(err, key)) from None  # botocore retried it
         try:
-            fill(response, view, key, stop, on_bytes)
+            fill(response, view, key, stop, on_bytes, throttle)
             return
         except BROKEN_BODY as err:
             if attempt == retries:
@@ -80,8 +82,10 @@ def fill(
     key: str,
     stop: threading.Event | None,
     on_bytes: Callable[[int], None],
+    throttle: Callable[[int], None] | None = None,
 ) -> None:
-    """Read one response body into view, reporting bytes per READ_CHUNK (a cheap loop)."""
+    """Read one response body into view, reporting bytes per READ_CHUNK (a cheap loop) and
+    throttling per read (a limit must hold within a range, not only between ranges)."""
     got = counted = 0
     try:
         with response["Body"] as body:
@@ -93,6 +97,8 @@ def fill(
                 if not n:
                     break
                 got += n
+                if throttle is not None:
+                    throttle(n)
                 if got - counted >= READ_CHUNK:
                     on_bytes(got - counted)
                     counted = got
