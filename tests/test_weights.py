@@ -474,54 +474,6 @@ def test_a_fetch_capped_at_a_rate_takes_at_least_size_over_rate(s3, synthetic, b
     assert blobs.missing(shards) == []
 
 
-KILLABLE_FETCH_PID = textwrap.dedent(
-    """
-    import os, sys
-    from pathlib import Path
-    from pipelines.progress import NoProgress
-    from pipelines.statcache import StatCache
-    from pipelines.weights.blobs import BlobStore
-    from pipelines.weights.fetch import fetch_lock
-    from pipelines.weights.options import FetchOptions
-    from pipelines.weights.s3 import s3_client
-    from pipelines.weights.lock import load_lock
-    lock = load_lock(Path(sys.argv[1]))
-    blobs = BlobStore(sys.argv[2], StatCache(sys.argv[3]))
-    options = FetchOptions(part_size=1 << 20, workers=2, ahead=2, max_rate=4e6)
-    try:
-        fetch_lock(s3_client(), lock, blobs, options, progress_factory=NoProgress)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    """
-)
-
-
-def test_ctrl_c_stops_a_fetch_at_its_next_read(synthetic, blobs, tmp_path, stack_env):
-    _, lock = synthetic
-    one = Lock(model=lock.model, source=lock.source, files=[lock.entry(BIG)])
-    lock_file = tmp_path / "one.lock.yaml"
-    lock_file.write_text(json.dumps(one.model_dump()))
-    entry = one.files[0]
-    part = blobs.partial_file(entry.sha256)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", KILLABLE_FETCH_PID, lock_file, blobs.root, blobs.statcache.db_path],
-        env={**os.environ, **stack_env},
-        cwd=REPO,
-    )
-    deadline = time.monotonic() + 60
-    while not part.exists() or part.stat().st_size < 4 << 20:
-        assert proc.poll() is None, "the fetch ended before it could be stopped"
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    stopped = time.monotonic()
-    assert proc.wait(timeout=30) == 130
-    # At 4 MB/s the ~20 MB left would take 5 s; the ranges in flight stop at their next read.
-    assert time.monotonic() - stopped < 3
-    assert part.stat().st_size < entry.size
-    assert not blobs.blob(entry.sha256).exists()
-
-
 def test_blobs_are_read_only_files_named_by_sha256_under_blobs_sha256(s3, synthetic, blobs):
     _, lock = synthetic
     entry = lock.entry("config.json")
