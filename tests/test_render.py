@@ -15,6 +15,7 @@ from pipelines.errors import PipelineError
 from pipelines.paths import PATCH_SOURCE, PROFILES_DIR
 from pipelines.profiles import ProfileError, load_profile, parse_profile
 from pipelines.render import Render, renderer_for
+from pipelines.render.crd_schema import apply_overlay
 from pipelines.render.dockerhosts import launch_plans
 from pipelines.render.documents import Document
 from pipelines.render.kubernetes import render_kubernetes
@@ -348,6 +349,7 @@ def tp3_with(edits: dict) -> list[Document]:
 PRODUCT_RULE = "spec.vllmConfig.tensorParallelSize: tensorParallelSize x pipelineParallelSize must"
 GUARD = " [layer 2 admission guard, LLMKube PR #1746]"
 OVERLAY = " [layer 1 schema, LLMKube PR #1746 overlay]"
+CRD_FILE = "LLMKube@907ac8d8 inference.llmkube.dev_inferenceservices.yaml"
 ADDRESS_RULE = "spec.multiNode.members.0.fabric.address: required: the rendezvous address of rank 0"
 
 # Edits of the rendered service, and exactly the lines each must give (layer tags included).
@@ -440,6 +442,47 @@ RULES = {
             " rocep1s0f0,rocep1s0f1,roceP2p1s0f0,roceP2p1s0f1 (found '')"
         ],
     ),
+    "routing turned off on an odd ring": (
+        {"env": [{"name": "NCCL_IB_SUBNET_AWARE_ROUTING", "value": "0"}]},
+        [
+            "spec.env.NCCL_IB_SUBNET_AWARE_ROUTING: an odd ring (3 members) needs 1 or NCCL"
+            " cannot close the cycle (found '0')"
+        ],
+    ),
+    "a single node asking TP3 alone on one GPU": (
+        {"multiNode": DELETE, "vllmConfig.pipelineParallelSize": DELETE},
+        [f"{PRODUCT_RULE} not exceed gpu = 1{GUARD} (found 3)"],
+    ),
+    "a single node asking PP2 alone on one GPU": (
+        {
+            "multiNode": DELETE,
+            "vllmConfig.tensorParallelSize": DELETE,
+            "vllmConfig.pipelineParallelSize": 2,
+        },
+        [f"{PRODUCT_RULE} not exceed gpu = 1{GUARD} (found 2)"],
+    ),
+    "a latency SLO without its threshold": (
+        {"slo": {"objective": "99.9", "indicator": "latency"}},
+        [
+            "spec.slo: latencyThreshold is required when indicator is latency [layer 2 CEL rule"
+            f" spec.slo#0, {CRD_FILE}] (found \"{{'objective': '99.9', 'indicator': 'latency',"
+            " 'window': '28d'}\")"
+        ],
+    ),
+    "a field the CRD does not have": (
+        {"bogusField": 1},
+        [
+            "spec: Additional properties are not allowed ('bogusField' was unexpected)"
+            f" [layer 1 schema, {CRD_FILE}] (found "
+        ],
+    ),
+    "a member field the CRD does not have": (
+        {"multiNode.members.0.bogus": 1},
+        [
+            "spec.multiNode.members.0: Additional properties are not allowed ('bogus' was"
+            f" unexpected){OVERLAY} (found "
+        ],
+    ),
 }
 
 
@@ -457,6 +500,15 @@ def test_a_service_that_breaks_one_rule_gets_exactly_that_rules_lines(case):
 
 ALLOWED = {
     "replicas left out": {"replicas": DELETE},
+    "a single node that leaves the sizes to the operator": {
+        "multiNode": DELETE,
+        "vllmConfig.tensorParallelSize": DELETE,
+        "vllmConfig.pipelineParallelSize": DELETE,
+    },
+    "an SLO without an indicator (availability by default)": {"slo": {"objective": "99.9"}},
+    "a nodeSelector (a map the CRD leaves open)": {
+        "nodeSelector": {"kubernetes.io/hostname": "spark-1"}
+    },
     "pipelineParallelSize left out (1)": {"vllmConfig.pipelineParallelSize": DELETE},
     "gpuMemoryUtilization left out": {"vllmConfig.gpuMemoryUtilization": DELETE},
     "two GPUs per member at TP3 x PP2": {"resources.gpu": 2, "vllmConfig.pipelineParallelSize": 2},
@@ -540,3 +592,30 @@ def test_a_long_value_is_cut_to_80_characters_in_its_line():
     )
     assert violation("a.yaml", ["n"], "rule", {"k": 1}) == "a.yaml: n: rule (found \"{'k': 1}\")"
     assert violation("a.yaml", ["n"], "rule", None) == "a.yaml: n: rule (found None)"
+
+
+def test_unknown_fields_are_refused_below_the_root_metadata_which_the_api_server_owns():
+    svc = next(d for d in tp3_docs() if d.body["kind"] == "InferenceService")
+    body = copy.deepcopy(svc.body)
+    body["metadata"]["annotations"] = {"sparkforge/note": "any key"}
+    claim = {"metadata": {"bogus": 1}, "spec": {"resources": {"requests": {"storage": "1Gi"}}}}
+    body["spec"]["extraVolumes"].append(
+        {"name": "scratch", "ephemeral": {"volumeClaimTemplate": claim}}
+    )
+    assert check_schema(Document(svc.file, body)) == [
+        f"{svc.file}: spec.extraVolumes.2.ephemeral.volumeClaimTemplate.metadata: Additional"
+        f" properties are not allowed ('bogus' was unexpected) [layer 1 schema, {CRD_FILE}]"
+        " (found \"{'bogus': 1}\")"
+    ]
+
+
+def test_an_overlay_for_a_field_the_crd_lacks_names_the_missing_parent():
+    crd = {"properties": {"spec": {"type": "object"}}}
+    schema, added = apply_overlay(crd, {"spec.newField": {"type": "string"}})
+    assert schema["properties"]["spec"]["properties"] == {"newField": {"type": "string"}}
+    assert added == ("spec.newField",) and crd == {"properties": {"spec": {"type": "object"}}}
+    with pytest.raises(PipelineError) as err:
+        apply_overlay(crd, {"spec.multiNode.members": {"type": "array"}})
+    assert str(err.value) == (
+        "overlay-pr1746.json: spec.multiNode.members: the derived schema has no 'multiNode'"
+    )

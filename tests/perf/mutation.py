@@ -17,6 +17,9 @@ start, so the copy gets two hooks (WORKDIR/hooks, on PYTHONPATH): a sitecustomiz
 subprocess started by a test during mutmut's stats run, hands the functions it called back to
 that test, and a pytest plugin that tells mutmut. A mutant still without a test ("no tests")
 is run against the group's whole selection (MUTANT_UNDER_TEST reaches the subprocesses too).
+For `fetch`, the synthetic model is uploaded once under a prefix of the run's own
+($SPARKFORGE_TEST_SYNTHETIC for tests/test_weights.py) and deleted at the end; processes a
+timed-out mutant run left behind are killed.
 
 Score: killed (a test failed, or the run timed out) / all mutants of the module. Survivors are
 listed by name; their diffs are written to WORKDIR/survivors.diff (--diffs prints them).
