@@ -280,11 +280,30 @@ def _dockerd_cleanup(directory: Path) -> None:
 SERVICES: dict[str, Service] = {
     service.name: service
     for service in (
-        Service("s3", "s3_url", _weed_command, _weed_marker, _s3_answers, S3_PORT_ENV,
-                ready=_buckets_ready),
-        Service("registry", "registry", _registry_command, _registry_marker, _registry_answers,
-                REGISTRY_PORT_ENV),
-        Service("docker", "own_docker_host", _dockerd_command, _dockerd_marker, engine_answers,
-                cleanup=_dockerd_cleanup),
+        Service(
+            "s3",
+            "s3_url",
+            _weed_command,
+            _weed_marker,
+            _s3_answers,
+            S3_PORT_ENV,
+            ready=_buckets_ready,
+        ),
+        Service(
+            "registry",
+            "registry",
+            _registry_command,
+            _registry_marker,
+            _registry_answers,
+            REGISTRY_PORT_ENV,
+        ),
+        Service(
+            "docker",
+            "own_docker_host",
+            _dockerd_command,
+            _dockerd_marker,
+            engine_answers,
+            cleanup=_dockerd_cleanup,
+        ),
     )
 }

@@ -65,8 +65,9 @@ def copies(stack):
     base = f"http://{stack.registry}/v2/{repository}"
     tags = requests.get(f"{base}/tags/list", timeout=10).json().get("tags") or []
     digests = {
-        requests.head(f"{base}/manifests/{tag}", headers={"Accept": MANIFEST_TYPE}, timeout=10)
-        .headers["Docker-Content-Digest"]
+        requests.head(
+            f"{base}/manifests/{tag}", headers={"Accept": MANIFEST_TYPE}, timeout=10
+        ).headers["Docker-Content-Digest"]
         for tag in tags
     }
     for digest in digests:
