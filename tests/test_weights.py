@@ -27,9 +27,11 @@ from keying import read_chars
 from pipelines.errors import PipelineError
 from pipelines.progress import NoProgress
 from pipelines.statcache import StatCache
+from pipelines.weights import fetch as fetch_module
+from pipelines.weights import ranges as ranges_module
 from pipelines.weights.blobs import BlobStore
 from pipelines.weights.bucket import hash_bucket
-from pipelines.weights.fetch import FetchError, fetch_lock
+from pipelines.weights.fetch import FetchError, RateLimiter, fetch_lock
 from pipelines.weights.lock import (
     Lock,
     LockError,
@@ -397,6 +399,64 @@ def test_a_range_that_keeps_breaking_fails_in_one_line_naming_bytes_and_tries(
     assert blobs.missing(one) == one.files
 
 
+class FakeClock:
+    """A clock that moves only when slept on, recording each sleep."""
+
+    def __init__(self):
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_a_broken_range_is_retried_after_doubling_waits_capped_at_5_seconds(
+    synthetic, blobs, stack, stack_env, monkeypatch
+):
+    source, lock = synthetic
+    one = Lock(model=lock.model, source=source, files=[lock.entry(BIG)])
+    clock = FakeClock()
+    monkeypatch.setattr(ranges_module, "time", clock)
+    proxy = CuttingProxy(int(stack.s3_url.rsplit(":", 1)[1]), every=1)
+    try:
+        with pytest.raises(FetchError, match="broke 7 times"):
+            fetch(
+                proxied_client(proxy, stack, stack_env),
+                one,
+                blobs,
+                part_size=1 << 20,
+                workers=1,
+                ahead=1,
+                retries=6,
+            )
+    finally:
+        proxy.close()
+    assert proxy.cuts == 7
+    assert clock.sleeps == pytest.approx([0.2, 0.4, 0.8, 1.6, 3.2, 5.0])
+
+
+def test_a_rate_limit_makes_each_read_wait_until_the_bytes_before_it_are_paid(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(fetch_module, "time", clock)
+    limiter = RateLimiter(1000.0)
+    limiter.take(500)  # the first read owes nothing yet
+    assert clock.sleeps == []
+    limiter.take(500)
+    limiter.take(2000)
+    assert clock.sleeps == pytest.approx([0.5, 0.5])
+    clock.now += 10  # idle: the 2000 bytes are paid, and idle time is no credit for a burst
+    limiter.take(1000)
+    limiter.take(1000)
+    assert clock.sleeps == pytest.approx([0.5, 0.5, 1.0])
+    unlimited = RateLimiter(None)
+    unlimited.take(10**9)
+    assert clock.sleeps == pytest.approx([0.5, 0.5, 1.0])
+
+
 # --- what a fetch reports, and the blob store's layout ---------------------------------------
 
 
@@ -539,3 +599,61 @@ def test_plain_s3_bodies_are_read_straight_from_the_socket(s3, synthetic):
             assert direct_readinto(zipped["Body"], zipped) == zipped["Body"].readinto
         finally:
             zipped["Body"].close()
+
+
+def test_a_fetch_takes_the_biggest_files_first(s3, synthetic, blobs):
+    _, lock = synthetic
+    small = Lock(
+        model=lock.model, source=lock.source, files=[e for e in lock.files if e.size < 1 << 20]
+    )
+    RecordingProgress.made.clear()
+    fetch_lock(s3, small, blobs, FetchOptions(files_at_once=1), progress_factory=RecordingProgress)
+    [progress] = RecordingProgress.made
+    biggest_first = sorted(small.files, key=lambda e: e.size, reverse=True)
+    assert list(progress.bytes) == [e.name for e in biggest_first]
+    assert biggest_first[0].size > biggest_first[-1].size
+
+
+def test_a_file_another_process_stored_meanwhile_is_reported_reused(s3, synthetic, blobs):
+    source, lock = synthetic
+    config, other = lock.entry("config.json"), lock.entry("model-00001-of-00048.safetensors")
+    url = S3Url.parse(source)
+    data = s3.get_object(Bucket=url.bucket, Key=url.key(config.name))["Body"].read()
+
+    def stored_meanwhile(label: str, total: int, big_files: dict[str, int]) -> NoProgress:
+        # Another process finishes config.json after this fetch found it missing.
+        assert blobs.add_bytes(data) == config.sha256
+        return NoProgress()
+
+    two = Lock(model=lock.model, source=source, files=[config, other])
+    report = fetch_lock(s3, two, blobs, FetchOptions(), progress_factory=stored_meanwhile)
+    assert report.reused == [config.name]
+    assert report.fetched == [other.name]
+    assert report.downloaded == other.size
+    assert blobs.missing(two) == []
+
+
+class InterruptingProgress(NoProgress):
+    """Presses Ctrl-C (SIGINT to the main thread) when the first bytes arrive."""
+
+    def __init__(self, *args):
+        self.sent = False
+
+    def advance(self, name: str, n: int) -> None:
+        if not self.sent:
+            self.sent = True
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
+def test_ctrl_c_during_a_fetch_raises_keyboardinterrupt_and_the_next_fetch_completes(
+    s3, synthetic, blobs
+):
+    _, lock = synthetic
+    entry = lock.entry(BIG)
+    one = Lock(model=lock.model, source=lock.source, files=[entry])
+    options = FetchOptions(part_size=1 << 20, workers=1, ahead=1)
+    with pytest.raises(KeyboardInterrupt):
+        fetch_lock(s3, one, blobs, options, progress_factory=InterruptingProgress)
+    report = fetch(s3, one, blobs, part_size=1 << 20)
+    assert blobs.is_intact(entry.sha256, entry.size)
+    assert report.read_back + report.downloaded <= entry.size  # what it had came not again
