@@ -12,8 +12,10 @@ os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 from doit import get_var  # noqa: E402
 
+from pipelines.deploy import Deploy, DeploySettings  # noqa: E402
+from pipelines.deploy.records import who_ran  # noqa: E402
 from pipelines.errors import PipelineError  # noqa: E402
-from pipelines.images import Images, ImageSettings  # noqa: E402
+from pipelines.images import Images, ImageSettings, git_revision  # noqa: E402
 from pipelines.profile_check import ProfileCheck  # noqa: E402
 from pipelines.profiles import load_profile  # noqa: E402
 from pipelines.render import Render  # noqa: E402
@@ -67,11 +69,25 @@ try:
         list(SETTINGS.secrets),
         after=() if IMAGE_DIGEST else ("image",),
     )
+    DEPLOY = (
+        Deploy(
+            PROFILE,
+            ENGINE,
+            RENDER.step,
+            IMAGES,
+            WEIGHTS.lock_file,
+            DeploySettings(
+                DOCKER_HOST, SETTINGS.deploy_timeout_s, who_ran(os.environ), git_revision
+            ),
+        )
+        if RENDER.step
+        else None
+    )
 except PipelineError as err:
     sys.exit(f"error: {err}")
 
 # The table of contents: each stage yields its doit tasks, in the order a build runs them.
-STAGES = (PROFILE_CHECK, WEIGHTS, IMAGES) + ((RENDER,) if RENDER.step else ())
+STAGES = (PROFILE_CHECK, WEIGHTS, IMAGES) + ((RENDER, DEPLOY) if RENDER.step else ())
 
 DOIT_CONFIG = {"default_tasks": ["build"], "dep_file": str(ENGINE.store.root / "doit.sqlite3")}
 

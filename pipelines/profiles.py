@@ -55,6 +55,8 @@ class Member(Strict):
     address: IPv4Address
     socket_interface: str
     claim: Name | None = None
+    # The Docker engine of the member's host (docker deploys): unix:///..., ssh://user@host.
+    docker: Annotated[str, Field(pattern=r"^(unix|ssh|tcp)://\S+$")] | None = None
 
 
 class Fabric(Strict):
@@ -182,6 +184,18 @@ class Profile(Strict):
         """Images go to the local stack's registry or to the one the profile names."""
         if not self.local_stack and not self.registry:
             raise ValueError("field 'registry': required unless local_stack is true")
+        return self
+
+    @model_validator(mode="after")
+    def docker_members_have_engines(self) -> Profile:
+        """Docker deploys reach each member's engine by URL (local_stack: the stack's engine)."""
+        if self.deploy == "docker" and not self.local_stack:
+            for rank, member in enumerate(self.members):
+                if member.docker is None:
+                    raise ValueError(
+                        f"field 'members.{rank}.docker': required for deploy docker"
+                        " (the member's Docker URL, e.g. ssh://user@host)"
+                    )
         return self
 
     @model_validator(mode="after")

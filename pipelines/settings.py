@@ -28,6 +28,7 @@ class Settings:
     fetch_max_mbps: float | None
     fetch_durable: bool
     builder: str | None
+    deploy_timeout_s: float = 300.0
     secrets: tuple[str, ...] = field(repr=False, default=())
 
 
@@ -61,5 +62,6 @@ def read_settings(environ: Mapping[str, str]) -> Settings:
         fetch_max_mbps=positive(environ, "SPARKFORGE_FETCH_MAX_MBPS"),
         fetch_durable=environ.get("SPARKFORGE_FETCH_FSYNC", "1") != "0",
         builder=environ.get(BUILDER_ENV) or None,
+        deploy_timeout_s=positive(environ, "SPARKFORGE_DEPLOY_TIMEOUT") or 300.0,
         secrets=secret_values(environ),
     )

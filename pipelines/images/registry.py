@@ -118,6 +118,14 @@ class Registry:
         self._check(r, f"HEAD manifest {repo}:{ref}")
         return r.headers.get("Docker-Content-Digest")
 
+    def manifest(self, repo: str, ref: str) -> tuple[bytes, str] | None:
+        """(exact bytes, media type) of a manifest, or None when the registry lacks it."""
+        r = self._call("GET", f"{self.base}/{repo}/manifests/{ref}", headers={"Accept": ACCEPT})
+        if r.status_code == 404:
+            return None
+        self._check(r, f"GET manifest {repo}:{ref}")
+        return r.content, r.headers.get("Content-Type", MANIFEST_TYPE)
+
     def has_blob(self, repo: str, digest: str) -> bool:
         """True when the registry holds the blob."""
         r = self._call("HEAD", f"{self.base}/{repo}/blobs/{digest}")
@@ -142,13 +150,15 @@ class Registry:
         self._check(r, f"upload {digest} to {repo}")
         return True
 
-    def push_manifest(self, repo: str, ref: str, manifest: bytes) -> str:
+    def push_manifest(
+        self, repo: str, ref: str, manifest: bytes, media_type: str = MANIFEST_TYPE
+    ) -> str:
         """Put a manifest under a tag (or its digest); returns its digest."""
         r = self._call(
             "PUT",
             f"{self.base}/{repo}/manifests/{ref}",
             body=manifest,
-            headers={"Content-Type": MANIFEST_TYPE},
+            headers={"Content-Type": media_type},
         )
         self._check(r, f"put manifest {repo}:{ref}")
         digest = "sha256:" + hashlib.sha256(manifest).hexdigest()

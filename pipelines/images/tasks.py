@@ -11,6 +11,7 @@ from functools import cached_property
 from typing import Any
 
 from pipelines.errors import PipelineError
+from pipelines.images import promote
 from pipelines.images.base import (
     BASE_RECIPE_VERSION,
     base_params,
@@ -175,6 +176,22 @@ class Images:
                 " image_digest=sha256:... (the digest CI pushed)"
             )
         return f"{repo}@{found}"
+
+    def repository(self) -> str:
+        """The image's registry repository (without the host)."""
+        return image_repository(self.image.spec.name, self.namespace)
+
+    def promote(self, digest: str) -> str:
+        """Move `:stable` to digest (the old one kept as `stable-prev`); says what it did."""
+        return promote.promote(self.registry, self.repository(), digest)
+
+    def restore_stable(self) -> str:
+        """Move `:stable` back to `stable-prev`; says what it did."""
+        return promote.restore_previous(self.registry, self.repository())
+
+    def stable_digest(self) -> str | None:
+        """The digest `:stable` points to now, if any."""
+        return promote.stable_digest(self.registry, self.repository())
 
     def print_plan(self) -> None:
         """Print what building the image means: key, base, args, the exact invocation."""

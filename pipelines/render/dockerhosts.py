@@ -9,6 +9,8 @@ from pipelines.render.documents import Document, RenderError, RenderInputs
 from pipelines.render.validate import check_ring_rules, check_secrets
 from pipelines.weights import cache_key
 
+SGLANG_PORT = 8080
+
 
 def sglang_env(profile: Profile, rank: int) -> dict[str, str]:
     """The NCCL environment of one SGLang rank, from the topology and its management NIC.
@@ -72,7 +74,7 @@ def sglang_command(profile: Profile, rank: int) -> list[str]:
         "--host",
         "0.0.0.0",
         "--port",
-        "8080",
+        str(SGLANG_PORT),
     ]
     if s.speculative:
         command += [
@@ -101,6 +103,7 @@ def launch_plans(profile: Profile, image: str, weights_path: str) -> list[Docume
             "node": member.node,
             "rank": rank,
             "address": str(member.address),
+            "port": SGLANG_PORT,
             "image": image,
             "network_mode": "host",
             "ipc_mode": "host",
@@ -114,10 +117,52 @@ def launch_plans(profile: Profile, image: str, weights_path: str) -> list[Docume
     return plans
 
 
+def staged_folder(model: RenderInputs) -> str:
+    """The staged model folder on every member."""
+    return f"{model.weights_root}/models/{cache_key(model.lock.source)}"
+
+
+def simulator_plans(profile: Profile, image: str, weights_path: str) -> list[Document]:
+    """One launch plan per member of the simulated runtime: the image's own command, SIM_* env."""
+    sim = profile.simulator
+    env = {
+        "SIM_MODEL_DIR": "/models",
+        "SIM_SERVED_MODEL_NAME": profile.model.served_name,
+        "SIM_MAX_MODEL_LEN": str(sim.max_model_len),
+        "SIM_TTFT_S": str(sim.ttft_s),
+        "SIM_DECODE_TOK_S": str(sim.decode_tok_s),
+        "SIM_PORT": str(sim.port),
+    }
+    return [
+        Document(
+            f"launch-{rank}-{member.node}.yaml",
+            {
+                "node": member.node,
+                "rank": rank,
+                "address": str(member.address),
+                "port": sim.port,
+                "image": image,
+                "network_mode": "host",
+                "env": dict(sorted({**env, **profile.env}.items())),
+                "mounts": [{"source": weights_path, "target": "/models", "read_only": True}],
+            },
+        )
+        for rank, member in enumerate(profile.members)
+    ]
+
+
+def render_simulated(profile: Profile, model: RenderInputs, secrets: list[str]) -> list[Document]:
+    """The simulated runtime's launch plans, checked like a ring's (pinned, no secrets)."""
+    docs = simulator_plans(profile, model.image, staged_folder(model))
+    violations = check_ring_rules(docs) + check_secrets(docs, secrets)
+    if violations:
+        raise RenderError("\n".join(violations))
+    return docs
+
+
 def render(profile: Profile, model: RenderInputs, secrets: list[str]) -> list[Document]:
     """The launch plans of a profile, validated (images pinned, no secrets)."""
-    weights = f"{profile.node_weights_root}/models/{cache_key(model.lock.source)}"
-    docs = launch_plans(profile, model.image, weights)
+    docs = launch_plans(profile, model.image, staged_folder(model))
     violations = check_ring_rules(docs) + check_secrets(docs, secrets)
     if violations:
         raise RenderError("\n".join(violations))

@@ -25,6 +25,7 @@ class RenderInputs:
     lock: Lock
     image: str  # pinned by digest
     patch_source: str  # the config patch program the patch Job runs
+    weights_root: str = ""  # where the members keep blobs and staged models
 
 
 class RenderError(PipelineError):

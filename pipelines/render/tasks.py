@@ -20,7 +20,7 @@ Renderer = Callable[[Profile, RenderInputs, list[str]], list[Document]]
 RENDERERS: dict[tuple[str, str], Renderer | None] = {
     ("kubernetes", "vllm"): kubernetes.render,
     ("docker", "sglang"): dockerhosts.render,
-    ("docker", "simulated"): None,
+    ("docker", "simulated"): dockerhosts.render_simulated,
 }
 
 
@@ -67,7 +67,12 @@ class Render:
         profile, renderer = self.profile, self.renderer
 
         def render(run: StepRun) -> None:
-            inputs = RenderInputs(model.read_lock(), run.params["image"], model.patch_source_text())
+            inputs = RenderInputs(
+                model.read_lock(),
+                run.params["image"],
+                model.patch_source_text(),
+                run.params["weights_root"],
+            )
             docs = renderer(profile, inputs, secrets)
             write_documents(docs, run.out)
             print(f"render: {len(docs)} documents for {profile.name}:")
@@ -80,7 +85,11 @@ class Render:
             version=1,
             doc="render and validate the profile's manifests or launch plans, keyed by inputs",
             action=render,
-            params=lambda: {"profile": json.loads(profile.model_dump_json()), "image": image()},
+            params=lambda: {
+                "profile": json.loads(profile.model_dump_json()),
+                "image": image(),
+                "weights_root": model.node_weights_root,
+            },
             inputs={
                 "templates": MANIFESTS_DIR,
                 "lock": model.lock_file,

@@ -42,6 +42,12 @@ class ModelOutputs:
     patch_source: Path
     weights: Weights
 
+    @property
+    def node_weights_root(self) -> str:
+        """Where the members keep the weights: this machine's store for local-stack profiles."""
+        profile = self.weights.profile
+        return str(self.weights.settings.root) if profile.local_stack else profile.node_weights_root
+
     def read_lock(self) -> Lock:
         """The profile's lock, checked against the profile's source."""
         return self.weights.read_lock()

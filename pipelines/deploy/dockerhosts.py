@@ -1,0 +1,266 @@
+"""The Docker-hosts backend: each member a container on its host's engine (unix:// or ssh://)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipelines.deploy.health import DeployError, wait_until_serving
+from pipelines.deploy.plan import Deployment, Member
+
+KEY_LABEL = "dev.sparkforge.deployment"
+PROFILE_LABEL = "dev.sparkforge.profile"
+
+# Run inside the candidate image on each member before anything is touched: the mounted model
+# folder is there, the disk has room, swap is off when the profile asks. One line per problem.
+PREFLIGHT = r"""
+import json, os, sys
+need = json.loads(sys.argv[1])
+found = []
+folder = need["models"]
+if not os.path.isfile(os.path.join(folder, "config.json")):
+    found.append(f"model folder {need['source']}: no config.json (not staged on this host?)")
+st = os.statvfs(folder) if os.path.isdir(folder) else None
+free = st.f_bavail * st.f_frsize if st else 0
+if free < need["min_free_bytes"]:
+    want = need["min_free_bytes"]
+    found.append(f"free disk under {need['source']}: {free} bytes, expected >= {want}")
+if need["swap_off"]:
+    swaps = open("/proc/swaps").read().splitlines()[1:]
+    if swaps:
+        found.append(f"swap is on ({len(swaps)} devices), expected off")
+print("\n".join(found))
+"""
+
+
+def container_name(profile: str, rank: int) -> str:
+    """The member's container: one per profile and rank on its host."""
+    return f"sparkforge-{profile}-{rank}"
+
+
+def container_options(plan: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+    """Docker SDK `containers.create` options of a launch plan."""
+    from docker.types import DeviceRequest, Mount
+
+    options: dict[str, Any] = {
+        "environment": plan.get("env", {}),
+        "network_mode": plan.get("network_mode", "host"),
+        "labels": labels,
+        "mounts": [
+            Mount(m["target"], m["source"], type="bind", read_only=m.get("read_only", False))
+            for m in plan.get("mounts", [])
+        ],
+    }
+    if plan.get("command"):
+        options["command"] = plan["command"]
+    if plan.get("ipc_mode"):
+        options["ipc_mode"] = plan["ipc_mode"]
+    if plan.get("devices"):
+        options["devices"] = [f"{d}:{d}" for d in plan["devices"]]
+    if plan.get("gpus"):
+        options["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    return options
+
+
+@dataclass
+class Change:
+    """What apply did on one member, so that restore can undo exactly that."""
+
+    member: Member
+    started: str | None = None  # the new container's name
+    kept: str | None = None  # the previous container, stopped and renamed aside
+    unchanged: bool = False
+
+
+@dataclass
+class DockerHosts:
+    """Containers on Docker engines, one per member; an engine per distinct URL."""
+
+    timeout_s: float
+    _clients: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def client(self, member: Member):
+        """The Docker SDK client of a member's engine (one per URL)."""
+        import docker
+        import docker.errors
+
+        if member.docker not in self._clients:
+            try:
+                client = docker.DockerClient(base_url=member.docker, use_ssh_client=True)
+                client.ping()
+            except docker.errors.DockerException as err:
+                raise DeployError(
+                    f"member {member.node}: Docker engine {member.docker} unreachable"
+                    f" ({type(err).__name__}); expected a running engine at that URL"
+                ) from None
+            self._clients[member.docker] = client
+        return self._clients[member.docker]
+
+    def preflight(self, deployment: Deployment, swap_off: bool, min_free: int) -> list[str]:
+        """Problems on any member (one line each), found without touching a deployment."""
+        import docker.errors
+
+        found = []
+        for member, plan in deployment.members():
+            try:
+                client = self.client(member)
+                self._pull(client, member, plan["image"])
+                mount = next(m for m in plan["mounts"] if m["target"] == "/models")
+                need = {
+                    "models": "/models",
+                    "source": mount["source"],
+                    "min_free_bytes": min_free,
+                    "swap_off": swap_off,
+                }
+                output = client.containers.run(
+                    plan["image"],
+                    ["python3", "-c", PREFLIGHT, json.dumps(need)],
+                    entrypoint=[],
+                    remove=True,
+                    network_mode="none",
+                    mounts=container_options(plan, {})["mounts"],
+                )
+            except DeployError as err:
+                found.append(str(err))
+                continue
+            except docker.errors.DockerException as err:
+                found.append(f"member {member.node}: preflight on {member.docker}: {err}")
+                continue
+            lines = [line for line in output.decode().splitlines() if line.strip()]
+            found += [f"member {member.node}: {line}" for line in lines]
+        return found
+
+    def _pull(self, client, member: Member, image: str) -> None:
+        """Have the member's engine hold the image (pulled by digest when missing)."""
+        import docker.errors
+
+        try:
+            client.images.get(image)
+        except docker.errors.ImageNotFound:
+            try:
+                client.images.pull(image)
+            except docker.errors.DockerException as err:
+                raise DeployError(
+                    f"member {member.node}: {member.docker} cannot pull {image}: {err}"
+                ) from None
+
+    def apply(self, deployment: Deployment) -> list[Change]:
+        """Start the deployment's containers; a member already running its key is left alone.
+
+        Returns the changes so far even when interrupted (through DeployError.changes)."""
+        changes: list[Change] = []
+        try:
+            for member, plan in deployment.members():
+                changes.append(self._apply_member(deployment, member, plan))
+        except BaseException as err:
+            err.changes = changes  # type: ignore[attr-defined]
+            raise
+        return changes
+
+    def _apply_member(self, deployment: Deployment, member: Member, plan: dict) -> Change:
+        import docker.errors
+
+        client = self.client(member)
+        name = container_name(deployment.profile, member.rank)
+        current = self._find(client, name)
+        if (
+            current is not None
+            and current.labels.get(KEY_LABEL) == deployment.key
+            and current.status == "running"
+        ):
+            return Change(member, unchanged=True)
+        change = Change(member)
+        labels = {KEY_LABEL: deployment.key, PROFILE_LABEL: deployment.profile}
+        try:
+            self._pull(client, member, plan["image"])
+            if current is not None:
+                aside = f"{name}-prev"
+                stale = self._find(client, aside)
+                if stale is not None:
+                    stale.remove(force=True)
+                current.stop(timeout=10)
+                current.rename(aside)
+                change.kept = aside
+            container = client.containers.create(
+                plan["image"], name=name, detach=True, **container_options(plan, labels)
+            )
+            change.started = name
+            container.start()
+        except docker.errors.DockerException as err:
+            err.changes = [change]  # type: ignore[attr-defined]
+            raise DeployError(f"member {member.node}: {member.docker}: {err}") from None
+        return change
+
+    def wait(self, deployment: Deployment, served_name: str) -> None:
+        """Every member serves the model, or DeployError naming the first that does not."""
+        for member, plan in deployment.members():
+            client = self.client(member)
+            name = container_name(deployment.profile, member.rank)
+            url = f"http://{plan['address']}:{plan['port']}"
+            gone = functools.partial(self._gone, client, name)
+            wait_until_serving(url, served_name, self.timeout_s, gone)
+
+    def _gone(self, client, name: str) -> str | None:
+        """Why the member's container is not running any more, with its last log lines."""
+        container = self._find(client, name)
+        if container is None:
+            return f"container {name} is gone"
+        if container.status in ("exited", "dead"):
+            tail = container.logs(tail=5).decode(errors="replace").strip().replace("\n", " | ")
+            return f"container {name} exited ({container.attrs['State']['ExitCode']}): {tail}"
+        return None
+
+    def restore(self, changes: list[Change], profile: str) -> None:
+        """Undo apply: remove what it started, start again what it put aside."""
+        for change in reversed(changes):
+            if change.unchanged:
+                continue
+            client = self.client(change.member)
+            name = container_name(profile, change.member.rank)
+            started = self._find(client, name)
+            if started is not None and change.started:
+                started.remove(force=True)
+            if change.kept:
+                kept = self._find(client, change.kept)
+                if kept is not None:
+                    kept.rename(name)
+                    kept.start()
+
+    def commit(self, changes: list[Change]) -> None:
+        """Forget the previous containers once the new ones serve."""
+        for change in changes:
+            if change.kept:
+                kept = self._find(self.client(change.member), change.kept)
+                if kept is not None:
+                    kept.remove(force=True)
+
+    def running(self, deployment: Deployment) -> list[str]:
+        """One line per member: container, state and the deployment key it runs."""
+        lines = []
+        for member, _plan in deployment.members():
+            name = container_name(deployment.profile, member.rank)
+            try:
+                container = self._find(self.client(member), name)
+            except DeployError as err:
+                lines.append(str(err))
+                continue
+            if container is None:
+                lines.append(f"member {member.node}: {name} not found on {member.docker}")
+            else:
+                key = container.labels.get(KEY_LABEL, "?")
+                lines.append(
+                    f"member {member.node}: {name} {container.status} on {member.docker},"
+                    f" deployment {key[:16]}"
+                )
+        return lines
+
+    @staticmethod
+    def _find(client, name: str):
+        import docker.errors
+
+        with contextlib.suppress(docker.errors.NotFound):
+            return client.containers.get(name)
+        return None

@@ -1,0 +1,70 @@
+"""Is a member serving? `/health`, then `/v1/models` naming the model, then one completion."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import requests
+
+from pipelines.errors import PipelineError
+
+
+class DeployError(PipelineError):
+    """A deployment that did not come up, or a world that would not let it."""
+
+
+def serves(base_url: str, served_name: str) -> str | None:
+    """None when the member serves the model; otherwise why not, in a few words."""
+    try:
+        health = requests.get(f"{base_url}/health", timeout=5)
+        if health.status_code != 200:
+            return f"/health said HTTP {health.status_code}"
+        models = requests.get(f"{base_url}/v1/models", timeout=5)
+        if models.status_code != 200:
+            return f"/v1/models said HTTP {models.status_code}"
+        names = [card.get("id") for card in models.json().get("data", [])]
+    except (requests.RequestException, ValueError) as err:
+        return f"no answer ({type(err).__name__})"
+    if served_name not in names:
+        return f"/v1/models lists {names}, expected {served_name!r}"
+    return None
+
+
+def wait_until_serving(
+    base_url: str,
+    served_name: str,
+    timeout_s: float,
+    gone: Callable[[], str | None],
+    interval_s: float = 0.5,
+) -> None:
+    """Poll until the member serves the model; DeployError on timeout or when gone() says why."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        why = serves(base_url, served_name)
+        if why is None:
+            return
+        exited = gone()
+        if exited:
+            raise DeployError(f"{base_url}: {exited}")
+        if time.monotonic() >= deadline:
+            raise DeployError(f"{base_url}: not serving after {timeout_s:g} s ({why})")
+        time.sleep(interval_s)
+
+
+def smoke(base_url: str, served_name: str) -> str:
+    """One short chat completion; returns its text, DeployError when there is none."""
+    body = {
+        "model": served_name,
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    try:
+        r = requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=60)
+        text = r.json()["choices"][0]["message"]["content"] if r.status_code == 200 else ""
+    except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as err:
+        raise DeployError(f"{base_url}: smoke completion failed ({type(err).__name__})") from None
+    if not text:
+        raise DeployError(f"{base_url}: smoke completion gave no text (HTTP {r.status_code})")
+    return text

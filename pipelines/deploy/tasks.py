@@ -1,0 +1,218 @@
+"""The deploy stage as doit tasks: deploy (canary gate, then `:stable`), rollback, status."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pipelines.deploy.backends import backend_for
+from pipelines.deploy.health import DeployError, smoke
+from pipelines.deploy.plan import Deployment, read_plans
+from pipelines.deploy.records import (
+    DEPLOYED,
+    REFUSED,
+    RESTORED,
+    ROLLED_BACK,
+    UNCHANGED,
+    Records,
+)
+from pipelines.errors import PipelineError
+from pipelines.profiles import Profile
+from pipelines.steps import Engine, Step, side_task
+
+# Preflight's floor of free disk where a member keeps its model folder.
+MIN_FREE_BYTES = 1 << 30
+
+
+class Tags(Protocol):
+    """What deploy needs of the images stage: moving `:stable`."""
+
+    def promote(self, digest: str) -> str: ...
+    def restore_stable(self) -> str: ...
+    def stable_digest(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class DeploySettings:
+    """What the edge tells the deploy stage."""
+
+    docker_host: str | None  # the local stack's engine, for local_stack members
+    timeout_s: float  # how long a member may take to serve
+    who: str  # the CI run or user, for the record
+    git: Callable[[], str]  # the checkout's commit, for the record (asked when recording)
+
+
+class Deploy:
+    """Deploys one profile's rendered plans; publishes nothing (it is the last stage)."""
+
+    name = "deploy"
+
+    def __init__(
+        self,
+        profile: Profile,
+        engine: Engine,
+        render: Step,
+        tags: Tags,
+        lock_file,
+        settings: DeploySettings,
+    ):
+        self.profile = profile
+        self.engine = engine
+        self.render = render
+        self.tags = tags
+        self.lock_file = lock_file
+        self.settings = settings
+        self.backend = backend_for(profile, settings.timeout_s)
+        self.records = Records(engine.store.area("deployments") / profile.name)
+
+    def engines(self) -> tuple[str, ...]:
+        """Each member's Docker URL: its own, or the local stack's engine."""
+        urls = []
+        for rank, member in enumerate(self.profile.members):
+            url = member.docker or (self.settings.docker_host if self.profile.local_stack else None)
+            if url is None:
+                raise DeployError(f"profile {self.profile.name}: members.{rank}.docker: no engine")
+            urls.append(url)
+        return tuple(urls)
+
+    def candidate(self) -> Deployment:
+        """The deployment `doit build` rendered last (its plans and key)."""
+        key = self.engine.key(self.render)
+        return Deployment(
+            self.profile.name, key, read_plans(self.engine.output(self.render)), self.engines()
+        )
+
+    def _record(self, deployment: Deployment, outcome: str, started: float, **extra) -> None:
+        lock_sha = hashlib.sha256(self.lock_file.read_bytes()).hexdigest()
+        self.records.write(
+            {
+                "profile": self.profile.name,
+                "outcome": outcome,
+                "image": deployment.image,
+                "lock_sha256": lock_sha,
+                "git": self.settings.git(),
+                "who": self.settings.who,
+                "started": started,
+                "finished": time.time(),
+                "deployment": deployment.as_record(),
+                **extra,
+            }
+        )
+
+    def _roll_out(self, deployment: Deployment, started: float) -> list:
+        """Apply, wait, smoke; on any failure (Ctrl-C too) put the previous containers back."""
+        served = self.profile.model.served_name
+        changes: list = []
+        try:
+            changes = self.backend.apply(deployment)
+            self.backend.wait(deployment, served)
+            first = deployment.plans[0]
+            text = smoke(f"http://{first['address']}:{first['port']}", served)
+            print(f"deploy: smoke completion answered {text[:40]!r}")
+        except BaseException as err:
+            changes = changes or getattr(err, "changes", [])
+            self.backend.restore(changes, deployment.profile)
+            reason = str(err) if isinstance(err, PipelineError) else type(err).__name__
+            self._record(deployment, ROLLED_BACK, started, reason=reason)
+            if isinstance(err, PipelineError):
+                raise DeployError(
+                    f"deploy {deployment.profile}: {err}; the previous deployment was restored"
+                ) from None
+            raise
+        self.backend.commit(changes)
+        return changes
+
+    def deploy(self) -> None:
+        """Preflight every member, roll out, and only then move `:stable`."""
+        started = time.time()
+        deployment = self.candidate()
+        hygiene = self.profile.hygiene
+        problems = self.backend.preflight(
+            deployment, bool(hygiene and hygiene.swap_off), MIN_FREE_BYTES
+        )
+        if problems:
+            self._record(deployment, REFUSED, started, reason=problems)
+            raise DeployError("preflight failed, nothing touched:\n" + "\n".join(problems))
+        changes = self._roll_out(deployment, started)
+        unchanged = all(change.unchanged for change in changes)
+        promoted = self.tags.promote(deployment.digest)
+        self._record(deployment, UNCHANGED if unchanged else DEPLOYED, started, stable=promoted)
+        first = deployment.plans[0]
+        state = "nothing restarted" if unchanged else "deployed"
+        print(f"deploy: {state} {deployment.key[:16]}; {promoted}")
+        print(f"deploy: the service answers at http://{first['address']}:{first['port']}/v1")
+
+    def rollback(self) -> None:
+        """Restore the deployment before the live one, and `:stable` from `stable-prev`."""
+        started = time.time()
+        live = self.records.live()
+        if not live:
+            raise DeployError(f"profile {self.profile.name}: nothing deployed, nothing to restore")
+        current = live[-1]["deployment"]["key"]
+        earlier = [r for r in live if r["deployment"]["key"] != current]
+        if not earlier:
+            raise DeployError(f"profile {self.profile.name}: no earlier deployment to restore")
+        deployment = Deployment.from_record(self.profile.name, earlier[-1]["deployment"])
+        self._roll_out(deployment, started)
+        restored = self.tags.restore_stable()
+        self._record(deployment, RESTORED, started, stable=restored, replaced=current)
+        print(f"rollback: {deployment.key[:16]} restored; {restored}")
+
+    def status(self) -> None:
+        """What is deployed, whether it runs, and whether it is what `doit build` makes now."""
+        live = self.records.live()
+        if not live:
+            print(f"status: nothing deployed for {self.profile.name}")
+            return
+        last = live[-1]
+        deployment = Deployment.from_record(self.profile.name, last["deployment"])
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(last["finished"]))
+        print(f"status: {self.profile.name}: {last['outcome']} {when} by {last['who']}")
+        print(f"  deployment {deployment.key}")
+        print(f"  image {deployment.image}")
+        print(f"  lock sha256 {last['lock_sha256']}, git {last['git']}")
+        print(f"  :stable at {self.tags.stable_digest()}")
+        for line in self.backend.running(deployment):
+            print(f"  {line}")
+        try:
+            now = self.engine.key(self.render)
+        except PipelineError as err:
+            print(f"  doit build now: cannot tell ({err})")
+            return
+        same = "matches" if now == deployment.key else f"differs (would deploy {now[:16]})"
+        print(f"  doit build now: {same}")
+
+    def _backend_built(self, work):
+        """work, or one line saying this profile's backend does not exist yet."""
+
+        def run():
+            if self.backend is None:
+                raise DeployError(
+                    f"profile {self.profile.name}: deploy {self.profile.deploy!r} has no backend"
+                    " yet (only docker); its manifests are rendered by `doit render`"
+                )
+            work()
+
+        return run
+
+    def tasks(self) -> Iterator[dict[str, Any]]:
+        """deploy (after build), rollback and status."""
+        yield side_task(
+            "deploy",
+            "deploy the built profile, smoke it, then move :stable (restores on failure)",
+            self._backend_built(self.deploy),
+            deps=["build"],
+        )
+        yield side_task(
+            "rollback",
+            "restore the previous deployment and :stable-prev",
+            self._backend_built(self.rollback),
+        )
+        yield side_task(
+            "status",
+            "print what is deployed and whether doit build matches it",
+            self._backend_built(self.status),
+        )
