@@ -51,10 +51,12 @@ def fetch_options(settings) -> FetchOptions:
 
 try:
     SETTINGS = read_settings(os.environ)
-    PROFILE = load_profile(PROFILE_NAME)
+    PROFILE = load_profile(PROFILE_NAME, SETTINGS.profiles)
     ENGINE = Engine(Store(SETTINGS.store))
     REGISTRY, DOCKER_HOST = stack_endpoints() if PROFILE.local_stack else (PROFILE.registry, None)
-    PROFILE_CHECK = ProfileCheck(PROFILE_NAME, ENGINE)
+    if SETTINGS.registry_namespace:
+        REGISTRY = f"{REGISTRY}/{SETTINGS.registry_namespace}"
+    PROFILE_CHECK = ProfileCheck(PROFILE_NAME, ENGINE, SETTINGS.profiles)
     WEIGHTS = Weights(
         PROFILE,
         ENGINE,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.errors import PipelineError
-from pipelines.paths import DEFAULT_STORE
+from pipelines.paths import DEFAULT_STORE, PROFILES_DIR
 
 STORE_ENV = "SPARKFORGE_STORE"
 WEIGHTS_ENV = "SPARKFORGE_WEIGHTS"
@@ -29,6 +29,10 @@ class Settings:
     fetch_durable: bool
     builder: str | None
     deploy_timeout_s: float = 300.0
+    # A folder of profiles kept outside the checkout (a lab's own), else the checkout's.
+    profiles: Path = PROFILES_DIR
+    # Pushes and tags go under <registry>/<namespace> (a lab's, or a test's own).
+    registry_namespace: str | None = None
     secrets: tuple[str, ...] = field(repr=False, default=())
 
 
@@ -51,6 +55,17 @@ def secret_values(environ: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= 8)
 
 
+def registry_namespace(environ: Mapping[str, str]) -> str | None:
+    """SPARKFORGE_REGISTRY_NAMESPACE, checked as a registry path; None when unset."""
+    value = environ.get("SPARKFORGE_REGISTRY_NAMESPACE")
+    if value and not re.fullmatch(r"[a-z0-9._-]+(/[a-z0-9._-]+)*", value):
+        raise PipelineError(
+            f"environment SPARKFORGE_REGISTRY_NAMESPACE={value!r}: expected lowercase path"
+            " components [a-z0-9._-] separated by '/'"
+        )
+    return value or None
+
+
 def read_settings(environ: Mapping[str, str]) -> Settings:
     """The settings of this run, from environ (os.environ at the edge)."""
     workers = positive(environ, "SPARKFORGE_FETCH_WORKERS")
@@ -63,5 +78,7 @@ def read_settings(environ: Mapping[str, str]) -> Settings:
         fetch_durable=environ.get("SPARKFORGE_FETCH_FSYNC", "1") != "0",
         builder=environ.get(BUILDER_ENV) or None,
         deploy_timeout_s=positive(environ, "SPARKFORGE_DEPLOY_TIMEOUT") or 300.0,
+        profiles=Path(environ.get("SPARKFORGE_PROFILES") or PROFILES_DIR).absolute(),
+        registry_namespace=registry_namespace(environ),
         secrets=secret_values(environ),
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import docker.errors
 import pytest
-import requests
+from conftest import delete_repository
 
 import devstack as local_stack
 from pipelines.images import Images, ImageSettings
@@ -24,7 +24,6 @@ from pipelines.images.build import (
     choose_builder,
 )
 from pipelines.images.dockerfile import check_contents, check_froms
-from pipelines.images.oci import MANIFEST_TYPE
 from pipelines.images.registry import Registry, RegistryCache
 from pipelines.images.spec import ImageError, load_image
 from pipelines.profiles import load_profile
@@ -61,17 +60,7 @@ def copies(stack):
     from the shared registry at the end (its deletes are enabled; see devstack)."""
     namespace = f"sparkforge-test-{uuid.uuid4().hex[:8]}"
     yield ImageSettings(f"{stack.registry}/{namespace}", stack.docker_host)
-    repository = f"{namespace}/sparkforge/local-sim"
-    base = f"http://{stack.registry}/v2/{repository}"
-    tags = requests.get(f"{base}/tags/list", timeout=10).json().get("tags") or []
-    digests = {
-        requests.head(
-            f"{base}/manifests/{tag}", headers={"Accept": MANIFEST_TYPE}, timeout=10
-        ).headers["Docker-Content-Digest"]
-        for tag in tags
-    }
-    for digest in digests:
-        requests.delete(f"{base}/manifests/{digest}", timeout=10).raise_for_status()
+    delete_repository(stack.registry, f"{namespace}/sparkforge/local-sim")
 
 
 @pytest.fixture(scope="session")
