@@ -1,19 +1,52 @@
-"""Deploy backends, one per `deploy:` value of a profile (the Kubernetes one is still to come)."""
+"""Deploy backends, one per `deploy:` value of a profile: the same interface for each."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
 
 from pipelines.deploy.dockerhosts import DockerHosts
+from pipelines.deploy.plan import Deployment
 from pipelines.profiles import Profile
 
-BACKENDS: dict[str, Callable[[float], DockerHosts]] = {
-    "docker": lambda timeout_s: DockerHosts(timeout_s),
+
+class Backend(Protocol):
+    """Preflight, apply, wait for health, read what runs, restore what was there."""
+
+    def load(self, key: str, folder: Path) -> Deployment:
+        """The deployment a render step wrote into folder, under its key."""
+
+    def endpoint(self, deployment: Deployment) -> str | None:
+        """The service's base URL as this runner reaches it (None: not reachable from here)."""
+
+    def preflight(self, deployment: Deployment, swap_off: bool, min_free: int) -> list[str]:
+        """Problems found before anything is touched, one line each."""
+
+    def apply(self, deployment: Deployment) -> list[Any]:
+        """Apply; returns the changes restore undoes (on an exception: `err.changes`)."""
+
+    def wait(self, deployment: Deployment, served_name: str) -> None:
+        """Return when every member serves; DeployError on timeout or failure."""
+
+    def restore(self, changes: list[Any], profile: str) -> None:
+        """Undo apply's changes: the previous deployment runs again."""
+
+    def commit(self, changes: list[Any]) -> None:
+        """Forget what restore would have needed, once the new deployment serves."""
+
+    def running(self, deployment: Deployment) -> list[str]:
+        """One line per member: what runs there now."""
+
+
+# deploy -> backend(profile, local stack's engine, timeout in seconds)
+BACKENDS: dict[str, Callable[[Profile, str | None, float], Backend]] = {
+    "docker": DockerHosts,
 }
 
 
-def backend_for(profile: Profile, timeout_s: float) -> DockerHosts | None:
+def backend_for(profile: Profile, local_engine: str | None, timeout_s: float) -> Backend | None:
     """The backend of a profile's `deploy`, or None where none is built yet."""
     if profile.deploy not in BACKENDS:
         return None
-    return BACKENDS[profile.deploy](timeout_s)
+    return BACKENDS[profile.deploy](profile, local_engine, timeout_s)

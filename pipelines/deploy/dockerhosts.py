@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.deploy.health import DeployError, wait_until_serving
-from pipelines.deploy.plan import Deployment, Member
+from pipelines.deploy.plan import Deployment, Member, one_image, read_documents
+from pipelines.profiles import Profile
 
 KEY_LABEL = "dev.sparkforge.deployment"
 PROFILE_LABEL = "dev.sparkforge.profile"
@@ -79,8 +80,33 @@ class Change:
 class DockerHosts:
     """Containers on Docker engines, one per member; an engine per distinct URL."""
 
+    profile: Profile
+    local_engine: str | None  # the local stack's engine, for local_stack members
     timeout_s: float
     _clients: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def engines(self) -> tuple[str, ...]:
+        """Each member's Docker URL: its own, or the local stack's engine."""
+        urls = []
+        for rank, member in enumerate(self.profile.members):
+            url = member.docker or (self.local_engine if self.profile.local_stack else None)
+            if url is None:
+                raise DeployError(f"profile {self.profile.name}: members.{rank}.docker: no engine")
+            urls.append(url)
+        return tuple(urls)
+
+    def load(self, key: str, folder) -> Deployment:
+        """The launch plans render wrote, by rank, each with its member's engine."""
+        plans = sorted(
+            (body for _, body in read_documents(folder, "launch-*.yaml")), key=lambda p: p["rank"]
+        )
+        image = one_image({plan["image"] for plan in plans}, key)
+        return Deployment(self.profile.name, key, tuple(plans), image, self.engines())
+
+    def endpoint(self, deployment: Deployment) -> str | None:
+        """Where the service answers: rank 0's server."""
+        first = deployment.documents[0]
+        return f"http://{first['address']}:{first['port']}"
 
     def client(self, member: Member):
         """The Docker SDK client of a member's engine (one per URL)."""

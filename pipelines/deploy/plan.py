@@ -23,25 +23,19 @@ class Member:
 
 @dataclass(frozen=True)
 class Deployment:
-    """What one deploy applies: plans by rank, each with its member's engine."""
+    """What one deploy applies: the rendered documents (launch plans by rank, or Kubernetes
+    objects in apply order), the image they run and, on Docker hosts, each member's engine."""
 
     profile: str
     key: str  # the render step's key: same key, same deployment
-    plans: tuple[dict[str, Any], ...]
-    engines: tuple[str, ...]  # the Docker URL of each member, by rank
+    documents: tuple[dict[str, Any], ...]
+    image: str  # pinned by digest
+    engines: tuple[str, ...] = ()  # Docker hosts: the Docker URL of each member, by rank
 
     def members(self) -> Iterator[tuple[Member, dict[str, Any]]]:
-        """(member, launch plan) in rank order."""
-        for plan, engine in zip(self.plans, self.engines, strict=True):
+        """(member, launch plan) in rank order (Docker hosts)."""
+        for plan, engine in zip(self.documents, self.engines, strict=True):
             yield Member(plan["rank"], plan["node"], engine), plan
-
-    @property
-    def image(self) -> str:
-        """The image every member runs, pinned by digest."""
-        images = {plan["image"] for plan in self.plans}
-        if len(images) != 1:
-            raise DeployError(f"deployment {self.key[:16]}: members disagree on the image")
-        return images.pop()
 
     @property
     def digest(self) -> str:
@@ -50,20 +44,38 @@ class Deployment:
 
     def as_record(self) -> dict[str, Any]:
         """The deployment as kept in a record (enough to apply it again)."""
-        return {"key": self.key, "plans": list(self.plans), "engines": list(self.engines)}
+        return {
+            "key": self.key,
+            "documents": list(self.documents),
+            "image": self.image,
+            "engines": list(self.engines),
+        }
 
     @classmethod
     def from_record(cls, profile: str, record: dict[str, Any]) -> Deployment:
         """The deployment a record kept."""
-        return cls(profile, record["key"], tuple(record["plans"]), tuple(record["engines"]))
+        return cls(
+            profile,
+            record["key"],
+            tuple(record["documents"]),
+            record["image"],
+            tuple(record["engines"]),
+        )
 
 
-def read_plans(folder: Path) -> tuple[dict[str, Any], ...]:
-    """The launch plans a render step wrote, in rank order."""
-    plans = []
-    for path in sorted(folder.glob("launch-*.yaml")):
+def read_documents(folder: Path, pattern: str = "*.yaml") -> list[tuple[str, dict[str, Any]]]:
+    """(file name, body) of every YAML document a render step wrote, by file name."""
+    found = []
+    for path in sorted(folder.glob(pattern)):
         with open(path) as f:
-            plans.append(yaml.safe_load(f))
-    if not plans:
-        raise DeployError(f"{folder}: no launch plans (render wrote none)")
-    return tuple(sorted(plans, key=lambda p: p["rank"]))
+            found += [(path.name, body) for body in yaml.safe_load_all(f) if body]
+    if not found:
+        raise DeployError(f"{folder}: no {pattern} documents (render wrote none)")
+    return found
+
+
+def one_image(images: set[str], key: str) -> str:
+    """The single image a deployment's documents name, pinned by digest."""
+    if len(images) != 1:
+        raise DeployError(f"deployment {key[:16]}: expected one image, found {sorted(images)}")
+    return images.pop()

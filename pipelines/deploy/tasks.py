@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from pipelines.deploy.backends import backend_for
 from pipelines.deploy.health import DeployError, smoke
-from pipelines.deploy.plan import Deployment, read_plans
+from pipelines.deploy.plan import Deployment
 from pipelines.deploy.records import (
     DEPLOYED,
     REFUSED,
@@ -65,25 +65,12 @@ class Deploy:
         self.tags = tags
         self.lock_file = lock_file
         self.settings = settings
-        self.backend = backend_for(profile, settings.timeout_s)
+        self.backend = backend_for(profile, settings.docker_host, settings.timeout_s)
         self.records = Records(engine.store.area("deployments") / profile.name)
-
-    def engines(self) -> tuple[str, ...]:
-        """Each member's Docker URL: its own, or the local stack's engine."""
-        urls = []
-        for rank, member in enumerate(self.profile.members):
-            url = member.docker or (self.settings.docker_host if self.profile.local_stack else None)
-            if url is None:
-                raise DeployError(f"profile {self.profile.name}: members.{rank}.docker: no engine")
-            urls.append(url)
-        return tuple(urls)
 
     def candidate(self) -> Deployment:
         """The deployment `doit build` rendered last (its plans and key)."""
-        key = self.engine.key(self.render)
-        return Deployment(
-            self.profile.name, key, read_plans(self.engine.output(self.render)), self.engines()
-        )
+        return self.backend.load(self.engine.key(self.render), self.engine.output(self.render))
 
     def _record(self, deployment: Deployment, outcome: str, started: float, **extra) -> None:
         lock_sha = hashlib.sha256(self.lock_file.read_bytes()).hexdigest()
@@ -109,9 +96,10 @@ class Deploy:
         try:
             changes = self.backend.apply(deployment)
             self.backend.wait(deployment, served)
-            first = deployment.plans[0]
-            text = smoke(f"http://{first['address']}:{first['port']}", served)
-            print(f"deploy: smoke completion answered {text[:40]!r}")
+            url = self.backend.endpoint(deployment)
+            if url:
+                text = smoke(url, served)
+                print(f"deploy: smoke completion answered {text[:40]!r}")
         except BaseException as err:
             changes = changes or getattr(err, "changes", [])
             self.backend.restore(changes, deployment.profile)
@@ -140,10 +128,11 @@ class Deploy:
         unchanged = all(change.unchanged for change in changes)
         promoted = self.tags.promote(deployment.digest)
         self._record(deployment, UNCHANGED if unchanged else DEPLOYED, started, stable=promoted)
-        first = deployment.plans[0]
         state = "nothing restarted" if unchanged else "deployed"
         print(f"deploy: {state} {deployment.key[:16]}; {promoted}")
-        print(f"deploy: the service answers at http://{first['address']}:{first['port']}/v1")
+        url = self.backend.endpoint(deployment)
+        if url:
+            print(f"deploy: the service answers at {url}/v1")
 
     def rollback(self) -> None:
         """Restore the deployment before the live one, and `:stable` from `stable-prev`."""
