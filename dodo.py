@@ -29,12 +29,13 @@ IMAGE_DIGEST = get_var("image_digest", "")
 
 
 def stack_endpoints():
-    """The local stack's registry and engine, with its S3 in the environment (local profile)."""
+    """The local stack's registry and engines, with its S3 and ssh keys in the environment."""
     import devstack  # test equipment: only a local_stack profile reaches for it
 
     devstack.export_s3_environment()
+    devstack.export_ssh_environment()
     endpoints = devstack.read_endpoints()
-    return endpoints.registry, endpoints.docker_host
+    return endpoints.registry, endpoints.docker_hosts or (endpoints.docker_host,)
 
 
 def fetch_options(settings) -> FetchOptions:
@@ -53,7 +54,8 @@ try:
     SETTINGS = read_settings(os.environ)
     PROFILE = load_profile(PROFILE_NAME, SETTINGS.profiles)
     ENGINE = Engine(Store(SETTINGS.store))
-    REGISTRY, DOCKER_HOST = stack_endpoints() if PROFILE.local_stack else (PROFILE.registry, None)
+    REGISTRY, DOCKER_HOSTS = stack_endpoints() if PROFILE.local_stack else (PROFILE.registry, ())
+    DOCKER_HOST = DOCKER_HOSTS[0] if DOCKER_HOSTS else None
     if SETTINGS.registry_namespace:
         REGISTRY = f"{REGISTRY}/{SETTINGS.registry_namespace}"
     PROFILE_CHECK = ProfileCheck(PROFILE_NAME, ENGINE, SETTINGS.profiles)
@@ -79,7 +81,7 @@ try:
             IMAGES,
             WEIGHTS.lock_file,
             DeploySettings(
-                DOCKER_HOST, SETTINGS.deploy_timeout_s, who_ran(os.environ), git_revision
+                DOCKER_HOSTS, SETTINGS.deploy_timeout_s, who_ran(os.environ), git_revision
             ),
         )
         if RENDER.step

@@ -7,7 +7,13 @@
 # `up` started; an engine found running is used, never stopped. Importing this package loads
 # no boto3, docker or requests: those come with the calls that use them.
 
-from devstack.access import docker_client, export_s3_environment, s3_client, s3_environment
+from devstack.access import (
+    docker_client,
+    export_s3_environment,
+    export_ssh_environment,
+    s3_client,
+    s3_environment,
+)
 from devstack.commands import down, status, up
 from devstack.files import read_endpoints, s3_credentials
 from devstack.settings import (
@@ -35,6 +41,7 @@ __all__ = [
     "docker_client",
     "down",
     "export_s3_environment",
+    "export_ssh_environment",
     "read_endpoints",
     "resolve_dir",
     "s3_client",

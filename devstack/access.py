@@ -42,6 +42,17 @@ def export_s3_environment(stack_dir: Path | str | None = None) -> None:
         os.environ.update(credentials)
 
 
+def export_ssh_environment(stack_dir: Path | str | None = None) -> None:
+    """Point the pipeline's ssh at the stack's key and sshd host key, where none are set."""
+    try:
+        endpoints = read_endpoints(stack_dir)
+    except StackError:
+        return
+    if endpoints.ssh_identity:
+        os.environ.setdefault("SPARKFORGE_SSH_IDENTITY", endpoints.ssh_identity)
+        os.environ.setdefault("SPARKFORGE_SSH_KNOWN_HOSTS", endpoints.ssh_known_hosts)
+
+
 def s3_client(endpoints: Endpoints, credentials: Mapping[str, str]):
     """A boto3 S3 client for the stack's S3 (path-style, checksums only when required)."""
     import boto3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 import socket
 import time
@@ -10,7 +11,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from devstack import files, processes
-from devstack.services import SERVICES, Service, engine_answers
+from devstack.engines import engine_answers, ssh_files
+from devstack.services import SERVICES, Service
 from devstack.settings import (
     ENGINE_ENV,
     HOST,
@@ -132,7 +134,7 @@ def up(stack_dir: Path | str | None = None) -> Endpoints:
         if not _running_pid(cfg.directory, "docker"):
             external = _external_engine(cfg)
             if external:
-                docker_host, ours = external, ["s3", "registry"]
+                docker_host, ours = external, [name for name in SERVICES if name != "docker"]
         launched = []
         try:
             for name in ours:
@@ -152,6 +154,10 @@ def up(stack_dir: Path | str | None = None) -> Endpoints:
             registry=cfg.registry,
             docker_host=docker_host,
             started=tuple(ours),
+            docker_hosts=(docker_host, cfg.ssh_docker_host(getpass.getuser())),
+            ssh=cfg.ssh,
+            ssh_identity=str(ssh_files(cfg.directory)["identity"]),
+            ssh_known_hosts=str(ssh_files(cfg.directory)["known_hosts"]),
         )
         files.write_endpoints(cfg.directory, endpoints)
     return endpoints

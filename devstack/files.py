@@ -75,6 +75,10 @@ def read_endpoints(stack_dir: Path | str | None = None) -> Endpoints:
             docker_host=raw["docker_host"],
             started=tuple(raw["started"]),
             s3_buckets=tuple(raw["s3_buckets"]),
+            docker_hosts=tuple(raw.get("docker_hosts", ())),
+            ssh=raw.get("ssh", ""),
+            ssh_identity=raw.get("ssh_identity", ""),
+            ssh_known_hosts=raw.get("ssh_known_hosts", ""),
         )
     except FileNotFoundError:
         raise StackError(f"{path}: missing; run `scripts/stack up` first") from None

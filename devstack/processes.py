@@ -63,9 +63,15 @@ def running_pid(directory: Path, name: str, marker: str) -> int | None:
         return None
     # A child of ours is known by its Popen (its cmdline can still be empty just after
     # Popen returns, mid-exec); any other pid must show our marker, in case it was reused.
-    if pid not in _CHILDREN and marker not in cmdline(pid):
+    if pid not in _CHILDREN and not shows_marker(cmdline(pid), marker):
         return None
     return pid
+
+
+def shows_marker(argv: list[str], marker: str) -> bool:
+    """Whether argv holds marker as an argument, also once a process retitled itself into one
+    string (sshd: "sshd: /usr/sbin/sshd -D -f <config> [listener] ...")."""
+    return marker in argv or f" {marker} " in f" {' '.join(argv)} "
 
 
 def exit_code(directory: Path, name: str) -> int | None:

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 from collections.abc import Callable, Mapping
@@ -13,14 +12,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from devstack.processes import Command, kill_leftovers, unmount_below
+from devstack.engines import (
+    clean_env,
+    dockerd_cleanup,
+    dockerd_command,
+    dockerd_marker,
+    engine_answers,
+    sshd_answers,
+    sshd_command,
+    sshd_marker,
+    system_binary,
+)
+from devstack.processes import Command
 from devstack.settings import (
     BUCKETS,
     HOST,
     REGISTRY_PORT_ENV,
     S3_PORT_ENV,
     S3_REGION,
-    STACK_DIR_ENV,
+    SSH_PORT_ENV,
     Endpoints,
     Settings,
     StackError,
@@ -29,9 +39,6 @@ from devstack.settings import (
 
 if TYPE_CHECKING:
     import requests
-
-# sun_path is 108 bytes including the terminating NUL.
-UNIX_SOCKET_PATH_MAX = 107
 
 
 @dataclass(frozen=True)
@@ -79,33 +86,6 @@ def _http_get(url: str) -> requests.Response | None:
             return None
 
 
-def _system_binary(name: str, debian_package: str) -> str:
-    """A Debian-packaged binary, looked up on PATH and in the sbin folders."""
-    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/bin", "/sbin"])
-    found = shutil.which(name, path=path)
-    if not found:
-        raise StackError(f"{name}: not installed; run scripts/install (Debian {debian_package})")
-    return found
-
-
-def _clean_env(drop_prefixes: tuple[str, ...]) -> dict[str, str]:
-    """This process's environment without variables that would reconfigure a service."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(drop_prefixes)}
-
-
-def engine_answers(docker_host: str) -> bool:
-    """Whether a Docker Engine answers /_ping at docker_host."""
-    import docker
-    import requests
-
-    try:
-        # A fixed old API version skips the version round trip the client would make first.
-        with docker.APIClient(base_url=docker_host, version="1.24", timeout=2) as client:
-            return bool(client.ping())
-    except (docker.errors.DockerException, requests.RequestException, OSError):
-        return False
-
-
 # --- s3: SeaweedFS `weed mini` --------------------------------------------------------------
 
 
@@ -149,7 +129,7 @@ def _weed_command(cfg: Settings, credentials: Mapping[str, str]) -> Command:
     ]
     # weed mini makes the admin identity from these two variables; without them S3 is open
     # to anonymous writes. Other AWS_* settings of the caller must not leak into it.
-    env = _clean_env(("AWS_",)) | dict(credentials)
+    env = clean_env(("AWS_",)) | dict(credentials)
     return Command(argv, env, tuple(ports.values()))
 
 
@@ -221,56 +201,15 @@ def _registry_command(cfg: Settings, credentials: Mapping[str, str]) -> Command:
     }
     config_path = Path(_registry_marker(cfg.directory))
     config_path.write_text(yaml.safe_dump(config, sort_keys=True))
-    argv = [_system_binary("docker-registry", "docker-registry"), "serve", str(config_path)]
+    argv = [system_binary("docker-registry", "docker-registry"), "serve", str(config_path)]
     # REGISTRY_* variables override the config file (e.g. REGISTRY_HTTP_ADDR).
-    return Command(argv, _clean_env(("REGISTRY_",)), (cfg.registry_port,))
+    return Command(argv, clean_env(("REGISTRY_",)), (cfg.registry_port,))
 
 
 def _registry_answers(registry: str) -> bool:
     """Whether the registry answers GET /v2/ with 200."""
     response = _http_get(f"http://{registry}/v2/")
     return response is not None and response.status_code == 200
-
-
-# --- docker: a private dockerd ------------------------------------------------------------
-
-
-def _dockerd_marker(directory: Path) -> str:
-    """The data root argument of this stack's dockerd."""
-    return f"--data-root={directory / 'docker' / 'root'}"
-
-
-def _dockerd_command(cfg: Settings, credentials: Mapping[str, str]) -> Command:
-    """A private dockerd: vfs storage, no bridge or iptables, its socket in the stack folder."""
-    folder = cfg.directory / "docker"
-    folder.mkdir(exist_ok=True)
-    longest = folder / "exec" / "containerd" / "containerd.sock.ttrpc"
-    if len(str(longest)) > UNIX_SOCKET_PATH_MAX:
-        raise StackError(
-            f"docker: stack folder {cfg.directory} is too long for dockerd's unix sockets "
-            f"({len(str(longest))} > {UNIX_SOCKET_PATH_MAX} chars); set {STACK_DIR_ENV} shorter"
-        )
-    # An empty daemon config: /etc/docker/daemon.json may set hosts or storage that clash.
-    (folder / "daemon.json").write_text("{}\n")
-    argv = [
-        _system_binary("dockerd", "docker.io"),
-        f"--config-file={folder / 'daemon.json'}",
-        "--iptables=false",
-        "--ip6tables=false",
-        "--bridge=none",
-        "--storage-driver=vfs",
-        _dockerd_marker(cfg.directory),
-        f"--exec-root={folder / 'exec'}",
-        f"--host={cfg.own_docker_host}",
-        f"--pidfile={folder / 'dockerd.pid'}",
-    ]
-    return Command(argv, _clean_env(("DOCKER_",)), ())
-
-
-def _dockerd_cleanup(directory: Path) -> None:
-    """End what a killed dockerd left (containerd, shims, mounts) below the stack folder."""
-    kill_leftovers(directory / "docker" / "exec")
-    unmount_below(directory / "docker")
 
 
 # --- the table ----------------------------------------------------------------------------
@@ -300,10 +239,20 @@ SERVICES: dict[str, Service] = {
         Service(
             "docker",
             "own_docker_host",
-            _dockerd_command,
-            _dockerd_marker,
+            dockerd_command("docker", "own_docker_host"),
+            dockerd_marker("docker"),
             engine_answers,
-            cleanup=_dockerd_cleanup,
+            cleanup=dockerd_cleanup("docker"),
         ),
+        # A second engine standing in for a second host of a ring, reached through sshd.
+        Service(
+            "docker-b",
+            "second_docker_host",
+            dockerd_command("docker-b", "second_docker_host"),
+            dockerd_marker("docker-b"),
+            engine_answers,
+            cleanup=dockerd_cleanup("docker-b"),
+        ),
+        Service("sshd", "ssh", sshd_command, sshd_marker, sshd_answers, SSH_PORT_ENV),
     )
 }

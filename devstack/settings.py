@@ -11,6 +11,7 @@ from pipelines.errors import PipelineError
 STACK_DIR_ENV = "SPARKFORGE_STACK_DIR"
 S3_PORT_ENV = "SPARKFORGE_S3_PORT"
 REGISTRY_PORT_ENV = "SPARKFORGE_REGISTRY_PORT"
+SSH_PORT_ENV = "SPARKFORGE_SSH_PORT"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 HOST = "127.0.0.1"
@@ -18,6 +19,7 @@ S3_REGION = "us-east-1"
 BUCKETS = ("models",)
 DEFAULT_S3_PORT = 8333
 DEFAULT_REGISTRY_PORT = 5000
+DEFAULT_SSH_PORT = 2222
 SYSTEM_DOCKER_HOST = "unix:///var/run/docker.sock"
 ENGINE_ENV = "SPARKFORGE_STACK_ENGINE"  # "own": start the stack's engine even if one answers
 
@@ -38,6 +40,13 @@ class Endpoints:
     # engine was already reachable and is only used.
     started: tuple[str, ...]
     s3_buckets: tuple[str, ...] = BUCKETS
+    # Engines standing in for the hosts of a ring, in member order: the first engine, then
+    # the stack's second one reached over ssh (ssh://user@127.0.0.1:port/socket).
+    docker_hosts: tuple[str, ...] = ()
+    # The stack's sshd (host:port), the key it made for it, the known_hosts naming it.
+    ssh: str = ""
+    ssh_identity: str = ""
+    ssh_known_hosts: str = ""
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,7 @@ class Settings:
     directory: Path
     s3_port: int
     registry_port: int
+    ssh_port: int = DEFAULT_SSH_PORT
 
     @property
     def s3_url(self) -> str:
@@ -77,6 +87,20 @@ class Settings:
     def own_docker_host(self) -> str:
         """The Docker host URL of the engine this stack starts when none is reachable."""
         return f"unix://{docker_socket(self.directory)}"
+
+    @property
+    def second_docker_host(self) -> str:
+        """The stack's second engine, on its own socket and data root (a second host)."""
+        return f"unix://{docker_socket(self.directory, 'docker-b')}"
+
+    @property
+    def ssh(self) -> str:
+        """The stack's sshd as host:port."""
+        return f"{HOST}:{self.ssh_port}"
+
+    def ssh_docker_host(self, user: str) -> str:
+        """The second engine as a ring member reaches it: over ssh, to its socket."""
+        return f"ssh://{user}@{self.ssh}{docker_socket(self.directory, 'docker-b')}"
 
 
 def default_stack_dir() -> Path:
@@ -95,6 +119,7 @@ def settings(stack_dir: Path | str | None = None) -> Settings:
         directory=resolve_dir(stack_dir),
         s3_port=_port_from_env(S3_PORT_ENV, DEFAULT_S3_PORT),
         registry_port=_port_from_env(REGISTRY_PORT_ENV, DEFAULT_REGISTRY_PORT),
+        ssh_port=_port_from_env(SSH_PORT_ENV, DEFAULT_SSH_PORT),
     )
 
 
@@ -126,6 +151,6 @@ def s3_ports(s3_port: int) -> dict[str, int]:
     }
 
 
-def docker_socket(directory: Path) -> Path:
-    """The API socket of the engine this stack starts."""
-    return directory / "docker" / "docker.sock"
+def docker_socket(directory: Path, name: str = "docker") -> Path:
+    """The API socket of an engine this stack starts (`docker`, or the second, `docker-b`)."""
+    return directory / name / "docker.sock"

@@ -208,7 +208,8 @@ class Profile(Strict):
                 f"{self.parallel.tensor * self.parallel.pipeline}, expected members x "
                 f"resources.gpu = {gpus}"
             )
-        if len(self.members) > 1 and self.fabric is None:
+        # A simulated ring (the local stack's engines) has no data plane to describe.
+        if len(self.members) > 1 and self.fabric is None and self.runtime != "simulated":
             raise ValueError("field 'fabric': required for a ring of more than one member")
         if self.deploy == "kubernetes":
             for name, value in (

@@ -38,15 +38,20 @@ class Backend(Protocol):
     def running(self, deployment: Deployment) -> list[str]:
         """One line per member: what runs there now."""
 
+    def close(self) -> None:
+        """Let go of connections (clients, ssh forwards)."""
 
-# deploy -> backend(profile, local stack's engine, timeout in seconds)
-BACKENDS: dict[str, Callable[[Profile, str | None, float], Backend]] = {
+
+# deploy -> backend(profile, the local stack's engines by member, timeout in seconds)
+BACKENDS: dict[str, Callable[[Profile, tuple[str, ...], float], Backend]] = {
     "docker": DockerHosts,
 }
 
 
-def backend_for(profile: Profile, local_engine: str | None, timeout_s: float) -> Backend | None:
+def backend_for(
+    profile: Profile, local_engines: tuple[str, ...], timeout_s: float
+) -> Backend | None:
     """The backend of a profile's `deploy`, or None where none is built yet."""
     if profile.deploy not in BACKENDS:
         return None
-    return BACKENDS[profile.deploy](profile, local_engine, timeout_s)
+    return BACKENDS[profile.deploy](profile, local_engines, timeout_s)

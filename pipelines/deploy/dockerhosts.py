@@ -10,6 +10,7 @@ from typing import Any
 
 from pipelines.deploy.health import DeployError, wait_until_serving
 from pipelines.deploy.plan import Deployment, Member, one_image, read_documents
+from pipelines.deploy.ssh import Tunnel
 from pipelines.profiles import Profile
 
 KEY_LABEL = "dev.sparkforge.deployment"
@@ -81,17 +82,22 @@ class DockerHosts:
     """Containers on Docker engines, one per member; an engine per distinct URL."""
 
     profile: Profile
-    local_engine: str | None  # the local stack's engine, for local_stack members
+    local_engines: tuple[str, ...]  # the local stack's engines, one per local_stack member
     timeout_s: float
     _clients: dict[str, Any] = field(default_factory=dict, repr=False)
+    _tunnels: list[Tunnel] = field(default_factory=list, repr=False)
 
     def engines(self) -> tuple[str, ...]:
         """Each member's Docker URL: its own, or the local stack's engine."""
         urls = []
         for rank, member in enumerate(self.profile.members):
-            url = member.docker or (self.local_engine if self.profile.local_stack else None)
+            local = self.local_engines[rank] if rank < len(self.local_engines) else None
+            url = member.docker or (local if self.profile.local_stack else None)
             if url is None:
-                raise DeployError(f"profile {self.profile.name}: members.{rank}.docker: no engine")
+                raise DeployError(
+                    f"profile {self.profile.name}: members.{rank}.docker: no engine (the local"
+                    f" stack has {len(self.local_engines)})"
+                )
             urls.append(url)
         return tuple(urls)
 
@@ -114,8 +120,16 @@ class DockerHosts:
         import docker.errors
 
         if member.docker not in self._clients:
+            url = member.docker
+            if url.startswith("ssh://"):
+                try:
+                    tunnel = Tunnel(url)
+                except DeployError as err:
+                    raise DeployError(f"member {member.node}: {err}") from None
+                self._tunnels.append(tunnel)
+                url = tunnel.url
             try:
-                client = docker.DockerClient(base_url=member.docker, use_ssh_client=True)
+                client = docker.DockerClient(base_url=url)
                 client.ping()
             except docker.errors.DockerException as err:
                 raise DeployError(
@@ -282,6 +296,15 @@ class DockerHosts:
                     f" deployment {key[:16]}"
                 )
         return lines
+
+    def close(self) -> None:
+        """Close the engines' clients and ssh forwards."""
+        for client in self._clients.values():
+            client.close()
+        for tunnel in self._tunnels:
+            tunnel.close()
+        self._clients.clear()
+        self._tunnels.clear()
 
     @staticmethod
     def _find(client, name: str):

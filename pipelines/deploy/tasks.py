@@ -39,7 +39,7 @@ class Tags(Protocol):
 class DeploySettings:
     """What the edge tells the deploy stage."""
 
-    docker_host: str | None  # the local stack's engine, for local_stack members
+    docker_hosts: tuple[str, ...]  # the local stack's engines, by member (local_stack)
     timeout_s: float  # how long a member may take to serve
     who: str  # the CI run or user, for the record
     git: Callable[[], str]  # the checkout's commit, for the record (asked when recording)
@@ -65,7 +65,7 @@ class Deploy:
         self.tags = tags
         self.lock_file = lock_file
         self.settings = settings
-        self.backend = backend_for(profile, settings.docker_host, settings.timeout_s)
+        self.backend = backend_for(profile, settings.docker_hosts, settings.timeout_s)
         self.records = Records(engine.store.area("deployments") / profile.name)
 
     def candidate(self) -> Deployment:
@@ -183,7 +183,10 @@ class Deploy:
                     f"profile {self.profile.name}: deploy {self.profile.deploy!r} has no backend"
                     " yet (only docker); its manifests are rendered by `doit render`"
                 )
-            work()
+            try:
+                work()
+            finally:
+                self.backend.close()
 
         return run
 

@@ -123,7 +123,10 @@ def staged_folder(model: RenderInputs) -> str:
 
 
 def simulator_plans(profile: Profile, image: str, weights_path: str) -> list[Document]:
-    """One launch plan per member of the simulated runtime: the image's own command, SIM_* env."""
+    """One launch plan per member of the simulated runtime: the image's own command, SIM_* env.
+
+    Member r listens on port + r: the local stack's engines share this machine's network.
+    """
     sim = profile.simulator
     env = {
         "SIM_MODEL_DIR": "/models",
@@ -131,7 +134,6 @@ def simulator_plans(profile: Profile, image: str, weights_path: str) -> list[Doc
         "SIM_MAX_MODEL_LEN": str(sim.max_model_len),
         "SIM_TTFT_S": str(sim.ttft_s),
         "SIM_DECODE_TOK_S": str(sim.decode_tok_s),
-        "SIM_PORT": str(sim.port),
     }
     return [
         Document(
@@ -140,10 +142,12 @@ def simulator_plans(profile: Profile, image: str, weights_path: str) -> list[Doc
                 "node": member.node,
                 "rank": rank,
                 "address": str(member.address),
-                "port": sim.port,
+                "port": sim.port + rank,
                 "image": image,
                 "network_mode": "host",
-                "env": dict(sorted({**env, **profile.env}.items())),
+                "env": dict(
+                    sorted({**env, "SIM_PORT": str(sim.port + rank), **profile.env}.items())
+                ),
                 "mounts": [{"source": weights_path, "target": "/models", "read_only": True}],
             },
         )
