@@ -19,6 +19,7 @@ from devstack.files import read_endpoints, s3_credentials
 from devstack.settings import (
     REGISTRY_PORT_ENV,
     REPO_ROOT,
+    RING_ENV,
     S3_PORT_ENV,
     STACK_DIR_ENV,
     Endpoints,
@@ -32,6 +33,7 @@ from devstack.settings import (
 __all__ = [
     "REGISTRY_PORT_ENV",
     "REPO_ROOT",
+    "RING_ENV",
     "S3_PORT_ENV",
     "STACK_DIR_ENV",
     "Endpoints",

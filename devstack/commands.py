@@ -16,6 +16,8 @@ from devstack.services import SERVICES, Service
 from devstack.settings import (
     ENGINE_ENV,
     HOST,
+    RING_ENV,
+    RING_SERVICES,
     S3_REGION,
     SYSTEM_DOCKER_HOST,
     Endpoints,
@@ -130,11 +132,12 @@ def up(stack_dir: Path | str | None = None) -> Endpoints:
         credentials = files.ensure_credentials(cfg.directory)
         _check_recorded_ports(cfg)
         docker_host = cfg.own_docker_host
-        ours = list(SERVICES)
+        ring = os.environ.get(RING_ENV) != "off"
+        ours = [name for name in SERVICES if ring or name not in RING_SERVICES]
         if not _running_pid(cfg.directory, "docker"):
             external = _external_engine(cfg)
             if external:
-                docker_host, ours = external, [name for name in SERVICES if name != "docker"]
+                docker_host, ours = external, [name for name in ours if name != "docker"]
         launched = []
         try:
             for name in ours:
@@ -154,13 +157,21 @@ def up(stack_dir: Path | str | None = None) -> Endpoints:
             registry=cfg.registry,
             docker_host=docker_host,
             started=tuple(ours),
-            docker_hosts=(docker_host, cfg.ssh_docker_host(getpass.getuser())),
-            ssh=cfg.ssh,
-            ssh_identity=str(ssh_files(cfg.directory)["identity"]),
-            ssh_known_hosts=str(ssh_files(cfg.directory)["known_hosts"]),
+            **(_ring_endpoints(cfg, docker_host) if ring else {"docker_hosts": (docker_host,)}),
         )
         files.write_endpoints(cfg.directory, endpoints)
     return endpoints
+
+
+def _ring_endpoints(cfg: Settings, docker_host: str) -> dict:
+    """The engines by member (the first, then the second over ssh) and the ssh files."""
+    files_ = ssh_files(cfg.directory)
+    return {
+        "docker_hosts": (docker_host, cfg.ssh_docker_host(getpass.getuser())),
+        "ssh": cfg.ssh,
+        "ssh_identity": str(files_["identity"]),
+        "ssh_known_hosts": str(files_["known_hosts"]),
+    }
 
 
 def down(stack_dir: Path | str | None = None, services: Iterable[str] | None = None) -> None:

@@ -22,6 +22,9 @@ DEFAULT_REGISTRY_PORT = 5000
 DEFAULT_SSH_PORT = 2222
 SYSTEM_DOCKER_HOST = "unix:///var/run/docker.sock"
 ENGINE_ENV = "SPARKFORGE_STACK_ENGINE"  # "own": start the stack's engine even if one answers
+# "off": no second engine and no sshd (a stack for S3, registry and one engine only).
+RING_ENV = "SPARKFORGE_STACK_RING"
+RING_SERVICES = ("docker-b", "sshd")
 
 
 class StackError(PipelineError):
