@@ -5,15 +5,18 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from keying import read_chars
 
+from pipelines import statcache
 from pipelines.keys import canonical_json, key_material, step_key
 from pipelines.statcache import StatCache, stat_key
 from pipelines.steps import Engine, Step
@@ -229,7 +232,8 @@ DODO_CHAIN = textwrap.dedent(
         def digest(self, statcache):
             text = (HERE / "lines.txt").read_text()
             kept = [line for line in text.splitlines() if line.strip()]
-            return hashlib.sha256("\\n".join(kept).encode()).hexdigest(), {}
+            listing = {"lines.txt": statcache.digest_file(HERE / "lines.txt")}
+            return hashlib.sha256("\\n".join(kept).encode()).hexdigest(), listing
 
 
     def words(run):
@@ -288,6 +292,14 @@ DODO_CHAIN = textwrap.dedent(
 
     def task_post():
         return side_task("post", "post to the board", post)
+
+
+    def label(key):
+        (HERE / "label.txt").write_text(key)
+
+
+    def task_label():
+        return {"actions": [label], "getargs": {"key": ("words", "key")}, "verbosity": 2}
     """
 )
 BASE = "sha256:" + "a" * 64
@@ -338,9 +350,12 @@ def test_a_step_reads_its_dependencys_output_and_lives_in_its_own_cache(tmp_path
     assert record["started"] <= record["finished"]
     assert store.has_record("shout", shelved.name) and store.has_record("words", words_key)
 
+    records = {p: p.stat().st_ino for p in (store.root / "records").rglob("*.json")}
     again = doit(project, env, "shout")
     assert again.returncode == 0 and reports(again.stdout) == {}
     assert "-- words" in again.stdout and "-- shout" in again.stdout
+    # A no-op run writes nothing: the records of found output are not written again.
+    assert {p: p.stat().st_ino for p in (store.root / "records").rglob("*.json")} == records
 
 
 def test_output_found_in_the_cache_is_recorded_so_explain_names_what_changed_since(tmp_path):
@@ -353,6 +368,13 @@ def test_output_found_in_the_cache_is_recorded_so_explain_names_what_changed_sin
     assert found.returncode == 0, found.stderr
     assert "shout" not in reports(found.stdout) and "-- shout" in found.stdout
     assert Store(tmp_path / "other-store").has_record("shout", shelved.name)
+    [built] = Store(project / "store").records_for("shout")
+    [kept] = Store(tmp_path / "other-store").records_for("shout")
+    times = ("started", "finished")
+    assert {k: v for k, v in kept.items() if k not in times} == {
+        k: v for k, v in built.items() if k not in times
+    }
+    assert built["finished"] <= kept["started"] == kept["finished"] <= time.time()
 
     (project / "base.txt").write_text("sha256:" + "b" * 64)
     explained = doit(project, other, "explain", "shout").stdout
@@ -598,3 +620,107 @@ def test_a_fresh_digest_reads_the_file_again_and_a_folder_is_refused(tmp_path):
     assert read_chars() - before >= 4 << 20
     with pytest.raises(IsADirectoryError, match=f"^{tmp_path}: expected a regular file$"):
         cache.digest_files([tmp_path])
+
+
+def test_a_task_takes_a_steps_key_from_doit(tmp_path):
+    project, env = make_chain(tmp_path)
+    for _ in range(2):  # built, then up to date: the key comes from doit's saved values
+        assert doit(project, env, "label").returncode == 0
+    [words_key] = [p.name for p in (project / "store" / "steps").iterdir()]
+    assert (project / "label.txt").read_text() == words_key
+
+
+def test_a_steps_recipe_and_version_are_part_of_its_key(tmp_path):
+    (tmp_path / "in.txt").write_text("x")
+
+    def key_of(recipe: str, version: int) -> str:
+        step = Step(
+            name="copy",
+            recipe=recipe,
+            version=version,
+            doc="",
+            action=lambda run: None,
+            inputs={"in": Path("in.txt")},
+        )
+        return Engine(Store(tmp_path / "store"), root=tmp_path).key(step)
+
+    digest = hashlib.sha256(b"x").hexdigest()
+    assert key_of("copy", 1) == step_key(key_material("copy", 1, {}, {"in": digest}, {}))
+    assert len({key_of("copy", 1), key_of("copy", 2), key_of("move", 1)}) == 3
+
+
+def test_builders_of_different_keys_do_not_wait_for_each_other(tmp_path):
+    store = Store(tmp_path / "store")
+    first_inside, second_done = threading.Event(), threading.Event()
+    outcome = {}
+
+    def slow(out: Path) -> None:
+        first_inside.set()
+        # Returns only once the other key was built meanwhile (a shared lock never lets it).
+        outcome["waited"] = second_done.wait(timeout=30)
+
+    first = threading.Thread(target=lambda: store.build("k1", {"name": "a"}, slow))
+    first.start()
+    assert first_inside.wait(timeout=30)
+    _, built = store.build("k2", {"name": "b"}, lambda out: second_done.set())
+    first.join()
+    assert built and outcome == {"waited": True}
+    assert store.has("k1") and store.has("k2")
+
+
+def test_a_cold_digest_hashes_the_biggest_file_first(tmp_path, monkeypatch):
+    # Names, sizes and mtimes in three different orders: only size decides.
+    for name, size, mtime in (("a.bin", 2, 3000), ("b.bin", 3, 1000), ("c.bin", 1, 2000)):
+        path = tmp_path / name
+        path.write_bytes(name.encode() * (size << 10))
+        os.utime(path, (mtime, mtime))
+    hashed = []
+    real = statcache.hash_file
+
+    def hash_file(path: Path) -> str:
+        hashed.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(statcache, "hash_file", hash_file)
+    cache = StatCache(tmp_path / "cache.sqlite3")
+    paths = [tmp_path / n for n in ("a.bin", "b.bin", "c.bin")]
+    digests = cache.digest_files(paths, workers=1)
+    assert hashed == ["b.bin", "a.bin", "c.bin"]
+    assert digests == {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
+
+
+def test_a_cold_digest_hashes_files_on_every_core(tmp_path, monkeypatch):
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: nothing to hash in parallel")
+    both = threading.Barrier(2, timeout=10)
+    real = statcache.hash_file
+
+    def hash_file(path: Path) -> str:
+        both.wait()  # until the other file's hash has started too (one worker: never)
+        return real(path)
+
+    monkeypatch.setattr(statcache, "hash_file", hash_file)
+    paths = [tmp_path / "one", tmp_path / "two"]
+    for path in paths:
+        path.write_text(path.name)
+    digests = StatCache(tmp_path / "cache.sqlite3").digest_files(paths)
+    assert digests == {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
+
+
+def test_a_stat_cache_write_waits_for_another_writer_to_finish(tmp_path):
+    """doit's parallel workers share the stat cache: a writer waits (up to 60 s), it does not
+    fail with "database is locked" after sqlite's default 5 s."""
+    cache = StatCache(tmp_path / "cache.sqlite3")
+    path = tmp_path / "f"
+    path.write_text("f")
+    db = tmp_path / "cache.sqlite3"
+    other = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN EXCLUSIVE")
+    release = threading.Timer(6, other.execute, ["COMMIT"])
+    release.start()
+    try:
+        assert cache.digest_file(path) == hashlib.sha256(b"f").hexdigest()
+    finally:
+        release.join()
+        other.close()
+    assert cache.lookup(path.absolute(), os.stat(path)) == hashlib.sha256(b"f").hexdigest()
