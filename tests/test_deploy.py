@@ -6,12 +6,15 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
+import docker
 import pytest
 import requests
 import yaml
@@ -31,17 +34,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive ports nothing listens on now."""
+    while True:
+        first = free_port()
+        if all(port_is_free(first + i) for i in range(1, count)):
+            return first
+
+
+def port_is_free(port: int) -> bool:
+    """Whether nothing holds port on 127.0.0.1."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 @pytest.fixture(scope="module")
-def world(stack, tmp_path_factory, docker_client):
-    """A profile of its own (the local one, renamed, on a free port), a store and a registry
-    namespace of its own; its containers and tags are removed at the end."""
+def space(stack, tmp_path_factory, docker_client):
+    """A store, a profiles folder and a registry namespace of the module's own (the image is
+    built once for all its tests); its containers and tags are removed at the end."""
     root = tmp_path_factory.mktemp("deploy")
     profiles = root / "profiles"
     profiles.mkdir()
-    profile = yaml.safe_load((PROFILES_DIR / "local.yaml").read_text())
-    profile["name"] = NAME
-    profile["simulator"]["port"] = free_port()
-    (profiles / f"{NAME}.yaml").write_text(yaml.safe_dump(profile))
     namespace = f"sparkforge-test-{uuid.uuid4().hex[:8]}"
     env = {
         **os.environ,
@@ -50,27 +67,55 @@ def world(stack, tmp_path_factory, docker_client):
         "SPARKFORGE_REGISTRY_NAMESPACE": namespace,
         "SPARKFORGE_DEPLOY_TIMEOUT": "15",
     }
-    world = {
-        "env": env,
-        "profiles": profiles,
+    repository = f"{namespace}/sparkforge/local-sim"
+    yield {"env": env, "profiles": profiles, "store": root / "store", "repository": repository}
+    engines = [docker_client]
+    if len(stack.docker_hosts) > 1:
+        engines.append(docker.DockerClient(base_url=second_engine(stack)))
+    for client in engines:
+        for container in client.containers.list(all=True, filters={"name": NAME}):
+            container.remove(force=True)
+    delete_repository(stack.registry, repository)
+
+
+def second_engine(stack) -> str:
+    """The stack's second engine, straight on its socket (the tests' own view of it)."""
+    return f"unix://{stack.docker_hosts[1].split('127.0.0.1:', 1)[1].split('/', 1)[1]}"
+
+
+def make_world(space, stack, base: str, name: str) -> dict:
+    """A profile called name made from profiles/<base>.yaml on free ports, in the space."""
+    profile = yaml.safe_load((PROFILES_DIR / f"{base}.yaml").read_text())
+    profile["name"] = name
+    profile["simulator"]["port"] = free_ports(len(profile["members"]))
+    (space["profiles"] / f"{name}.yaml").write_text(yaml.safe_dump(profile))
+    return {
+        **space,
+        "name": name,
         "profile": profile,
-        "store": root / "store",
         "url": f"http://127.0.0.1:{profile['simulator']['port']}",
-        "repository": f"{namespace}/sparkforge/local-sim",
         "registry": stack.registry,
     }
-    yield world
-    for container in docker_client.containers.list(all=True, filters={"name": NAME}):
-        container.remove(force=True)
-    delete_repository(stack.registry, world["repository"])
 
 
-def doit(world, *args: str) -> subprocess.CompletedProcess:
+@pytest.fixture(scope="module")
+def world(space, stack):
+    """One member on the stack's engine (the local profile, renamed, on a free port)."""
+    return make_world(space, stack, "local", NAME)
+
+
+@pytest.fixture(scope="module")
+def ring(space, stack):
+    """Two members: one on the stack's engine, one on its second engine over ssh://."""
+    return make_world(space, stack, "local-ring", f"{NAME}ring")
+
+
+def doit(world, *args: str, **env: str) -> subprocess.CompletedProcess:
     """Run doit in the checkout on the test's profile, store and namespace."""
     return subprocess.run(
-        [sys.executable, "-m", "doit", *args, f"profile={NAME}"],
+        [sys.executable, "-m", "doit", *args, f"profile={world['name']}"],
         cwd=REPO,
-        env=world["env"],
+        env={**world["env"], **env},
         capture_output=True,
         text=True,
         timeout=600,
@@ -93,14 +138,14 @@ def served_models(world) -> list[str]:
     return [card["id"] for card in answer["data"]]
 
 
-def member(docker_client):
-    """The one member's container."""
-    return docker_client.containers.get(f"sparkforge-{NAME}-0")
+def member(docker_client, name: str = NAME, rank: int = 0):
+    """A member's container."""
+    return docker_client.containers.get(f"sparkforge-{name}-{rank}")
 
 
 def records(world) -> list[dict]:
     """The deployment records, oldest first."""
-    folder = world["store"] / "deployments" / NAME
+    folder = world["store"] / "deployments" / world["name"]
     return [
         json.loads(p.read_text()) for p in sorted(folder.glob("*.json"), key=lambda p: int(p.stem))
     ]
@@ -165,6 +210,7 @@ def test_a_broken_image_is_rolled_back_and_stable_does_not_move(world, docker_cl
 
     assert result.returncode != 0
     out = result.stdout + result.stderr
+    assert "member localhost on unix://" in out
     assert f"{world['url']}: not serving after 15 s" in out
     assert "the previous deployment was restored" in out
     assert "Traceback" not in out
@@ -211,3 +257,114 @@ def test_an_unreachable_engine_stops_the_deploy_before_anything_is_touched(world
     ) in result.stdout + result.stderr
     assert member(docker_client).id == before.id
     assert records(world)[-1]["outcome"] == "refused"
+
+
+def serves_on(port: int) -> list[str]:
+    """The model names a member on this machine's port lists."""
+    answer = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()
+    return [card["id"] for card in answer["data"]]
+
+
+def ring_containers(ring, stack, docker_client) -> list:
+    """The ring's two containers: rank 0 on the first engine, rank 1 on the second."""
+    second = docker.DockerClient(base_url=second_engine(stack))
+    return [member(docker_client, ring["name"], 0), member(second, ring["name"], 1)]
+
+
+def test_a_ring_deploys_one_member_per_engine_one_over_ssh_and_redeploys_nothing(
+    ring, stack, docker_client
+):
+    result = deployed(ring)
+    assert stack.docker_hosts[1].startswith("ssh://")
+    port = ring["profile"]["simulator"]["port"]
+    served = ring["profile"]["model"]["served_name"]
+    assert serves_on(port) == [served] and serves_on(port + 1) == [served]
+    containers = ring_containers(ring, stack, docker_client)
+    with pytest.raises(docker.errors.NotFound):
+        member(docker_client, ring["name"], 1)  # rank 1 lives on the second engine only
+    assert "member ring-b" not in result.stdout
+
+    again = deployed(ring)
+    assert "deploy: nothing restarted" in again.stdout
+    assert [c.id for c in ring_containers(ring, stack, docker_client)] == [c.id for c in containers]
+
+
+def test_a_member_failing_on_one_host_rolls_back_every_member(ring, stack, docker_client):
+    deployed(ring)
+    before = ring_containers(ring, stack, docker_client)
+    old_port = ring["profile"]["simulator"]["port"]
+    changed = {**ring["profile"], "simulator": {**ring["profile"]["simulator"]}}
+    new_port = free_ports(2)
+    changed["simulator"]["port"] = new_port
+    path = ring["profiles"] / f"{ring['name']}.yaml"
+    path.write_text(yaml.safe_dump(changed))
+    try:
+        # Member 1's host has its new port taken: its server cannot start there.
+        with socket.socket() as taken:
+            taken.bind(("0.0.0.0", new_port + 1))
+            taken.listen()
+            result = doit(ring, "deploy")
+    finally:
+        path.write_text(yaml.safe_dump(ring["profile"]))
+
+    assert result.returncode != 0
+    out = result.stdout + result.stderr
+    assert "member ring-b on ssh://" in out and "exited (1)" in out
+    assert "the previous deployment was restored" in out
+    after = ring_containers(ring, stack, docker_client)
+    assert [c.id for c in after] == [c.id for c in before]
+    assert [c.status for c in after] == ["running", "running"]
+    served = ring["profile"]["model"]["served_name"]
+    assert serves_on(old_port) == [served] and serves_on(old_port + 1) == [served]
+    assert records(ring)[-1]["outcome"] == "rolled back"
+
+
+def test_a_refused_ssh_key_stops_the_ring_deploy_before_anything_is_touched(
+    ring, stack, docker_client, tmp_path
+):
+    deployed(ring)
+    before = [c.id for c in ring_containers(ring, stack, docker_client)]
+    stranger = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", stranger], check=True)
+
+    result = doit(ring, "deploy", SPARKFORGE_SSH_IDENTITY=str(stranger))
+
+    assert result.returncode != 0
+    out = result.stdout + result.stderr
+    assert f"member ring-b: {stack.docker_hosts[1]}: ssh: " in out
+    assert "Permission denied (publickey)" in out
+    assert "Traceback" not in out
+    assert [c.id for c in ring_containers(ring, stack, docker_client)] == before
+    assert records(ring)[-1]["outcome"] == "refused"
+
+
+def test_ctrl_c_during_a_deploy_restores_the_previous_one(world, docker_client):
+    deployed(world)
+    good = member(docker_client)
+    broken = derived_image(
+        world, docker_client, "stuck", ["python3", "-c", "import time; time.sleep(3600)"]
+    )
+    deploy = subprocess.Popen(
+        [sys.executable, "-m", "doit", "deploy", f"profile={NAME}", f"image_digest={broken}"],
+        cwd=REPO,
+        env={**world["env"], "SPARKFORGE_DEPLOY_TIMEOUT": "300"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    # Interrupt once the new container runs: the deploy is then waiting for it to serve.
+    deadline = time.monotonic() + 300
+    while deploy.poll() is None and time.monotonic() < deadline:
+        containers = docker_client.containers.list(filters={"name": f"sparkforge-{NAME}-0$"})
+        if containers and containers[0].attrs["Config"]["Image"].endswith(broken):
+            break
+        time.sleep(0.2)
+    deploy.send_signal(signal.SIGINT)
+    out, _ = deploy.communicate(timeout=120)
+
+    assert deploy.returncode != 0, out
+    back = member(docker_client)
+    assert back.id == good.id and back.status == "running"
+    assert served_models(world) == [world["profile"]["model"]["served_name"]]
+    last = records(world)[-1]
+    assert (last["outcome"], last["reason"]) == ("rolled back", "KeyboardInterrupt")

@@ -241,7 +241,10 @@ class DockerHosts:
             name = container_name(deployment.profile, member.rank)
             url = f"http://{plan['address']}:{plan['port']}"
             gone = functools.partial(self._gone, client, name)
-            wait_until_serving(url, served_name, self.timeout_s, gone)
+            try:
+                wait_until_serving(url, served_name, self.timeout_s, gone)
+            except DeployError as err:
+                raise DeployError(f"member {member.node} on {member.docker}: {err}") from None
 
     def _gone(self, client, name: str) -> str | None:
         """Why the member's container is not running any more, with its last log lines."""
