@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import requests
-
 from pipelines.errors import PipelineError
+
+# requests is imported by the functions that call a member: `doit list` loads this module.
 
 
 class DeployError(PipelineError):
@@ -16,6 +16,8 @@ class DeployError(PipelineError):
 
 def serves(base_url: str, served_name: str) -> str | None:
     """None when the member serves the model; otherwise why not, in a few words."""
+    import requests
+
     try:
         health = requests.get(f"{base_url}/health", timeout=5)
         if health.status_code != 200:
@@ -54,6 +56,8 @@ def wait_until_serving(
 
 def smoke(base_url: str, served_name: str) -> str:
     """One short chat completion; returns its text, DeployError when there is none."""
+    import requests
+
     body = {
         "model": served_name,
         "messages": [{"role": "user", "content": "Say hello."}],
