@@ -12,7 +12,7 @@ os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 from doit import get_var  # noqa: E402
 
-from pipelines.deploy import Deploy, DeploySettings  # noqa: E402
+from pipelines.deploy import Deploy, DeploySettings, KubeAccess  # noqa: E402
 from pipelines.deploy.records import who_ran  # noqa: E402
 from pipelines.errors import PipelineError  # noqa: E402
 from pipelines.images import Images, ImageSettings, git_revision  # noqa: E402
@@ -81,7 +81,11 @@ try:
             IMAGES,
             WEIGHTS.lock_file,
             DeploySettings(
-                DOCKER_HOSTS, SETTINGS.deploy_timeout_s, who_ran(os.environ), git_revision
+                DOCKER_HOSTS,
+                SETTINGS.deploy_timeout_s,
+                who_ran(os.environ),
+                git_revision,
+                KubeAccess(SETTINGS.kubeconfig, SETTINGS.kube_context, SETTINGS.kube_dry_run),
             ),
         )
         if RENDER.step

@@ -34,6 +34,9 @@ class Settings:
     # Pushes and tags go under <registry>/<namespace> (a lab's, or a test's own).
     registry_namespace: str | None = None
     secrets: tuple[str, ...] = field(repr=False, default=())
+    kubeconfig: str | None = None  # KUBECONFIG; None: ~/.kube/config
+    kube_context: str | None = None
+    kube_dry_run: bool = False  # every Kubernetes write with dryRun=All
 
 
 def positive(environ: Mapping[str, str], name: str) -> float | None:
@@ -66,6 +69,16 @@ def registry_namespace(environ: Mapping[str, str]) -> str | None:
     return value or None
 
 
+def kube_dry_run(environ: Mapping[str, str]) -> bool:
+    """SPARKFORGE_KUBE_DRY_RUN: 'server' (kubectl's --dry-run=server) or unset."""
+    value = environ.get("SPARKFORGE_KUBE_DRY_RUN", "")
+    if value not in ("", "server"):
+        raise PipelineError(
+            f"environment SPARKFORGE_KUBE_DRY_RUN={value!r}: expected 'server' or unset"
+        )
+    return value == "server"
+
+
 def read_settings(environ: Mapping[str, str]) -> Settings:
     """The settings of this run, from environ (os.environ at the edge)."""
     workers = positive(environ, "SPARKFORGE_FETCH_WORKERS")
@@ -81,4 +94,7 @@ def read_settings(environ: Mapping[str, str]) -> Settings:
         profiles=Path(environ.get("SPARKFORGE_PROFILES") or PROFILES_DIR).absolute(),
         registry_namespace=registry_namespace(environ),
         secrets=secret_values(environ),
+        kubeconfig=environ.get("KUBECONFIG") or None,
+        kube_context=environ.get("SPARKFORGE_KUBE_CONTEXT") or None,
+        kube_dry_run=kube_dry_run(environ),
     )

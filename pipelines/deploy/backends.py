@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipelines.deploy.dockerhosts import DockerHosts
+from pipelines.deploy.kubeapi import KubeAccess
+from pipelines.deploy.kubernetes import Kubernetes
 from pipelines.deploy.plan import Deployment
 from pipelines.profiles import Profile
 
@@ -43,15 +45,21 @@ class Backend(Protocol):
 
 
 # deploy -> backend(profile, the local stack's engines by member, timeout in seconds)
-BACKENDS: dict[str, Callable[[Profile, tuple[str, ...], float], Backend]] = {
+BACKENDS: dict[str, Callable[..., Backend]] = {
     "docker": DockerHosts,
+    "kubernetes": Kubernetes,
 }
 
 
 def backend_for(
-    profile: Profile, local_engines: tuple[str, ...], timeout_s: float
+    profile: Profile,
+    local_engines: tuple[str, ...],
+    timeout_s: float,
+    kube: KubeAccess | None = None,
 ) -> Backend | None:
     """The backend of a profile's `deploy`, or None where none is built yet."""
     if profile.deploy not in BACKENDS:
         return None
-    return BACKENDS[profile.deploy](profile, local_engines, timeout_s)
+    # Only the Kubernetes backend talks to an API server: how to reach it is its alone.
+    extra = {"kube": kube} if profile.deploy == "kubernetes" and kube else {}
+    return BACKENDS[profile.deploy](profile, local_engines, timeout_s, **extra)

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from pipelines.deploy.backends import backend_for
 from pipelines.deploy.health import DeployError, smoke
+from pipelines.deploy.kubeapi import KubeAccess
 from pipelines.deploy.plan import Deployment
 from pipelines.deploy.records import (
     DEPLOYED,
@@ -43,6 +44,7 @@ class DeploySettings:
     timeout_s: float  # how long a member may take to serve
     who: str  # the CI run or user, for the record
     git: Callable[[], str]  # the checkout's commit, for the record (asked when recording)
+    kube: KubeAccess = KubeAccess()  # how the Kubernetes backend reaches its API server
 
 
 class Deploy:
@@ -65,7 +67,9 @@ class Deploy:
         self.tags = tags
         self.lock_file = lock_file
         self.settings = settings
-        self.backend = backend_for(profile, settings.docker_hosts, settings.timeout_s)
+        self.backend = backend_for(
+            profile, settings.docker_hosts, settings.timeout_s, settings.kube
+        )
         self.records = Records(engine.store.area("deployments") / profile.name)
 
     def candidate(self) -> Deployment:
@@ -116,6 +120,7 @@ class Deploy:
     def deploy(self) -> None:
         """Preflight every member, roll out, and only then move `:stable`."""
         started = time.time()
+        self._dry_run_possible()
         deployment = self.candidate()
         hygiene = self.profile.hygiene
         problems = self.backend.preflight(
@@ -124,6 +129,10 @@ class Deploy:
         if problems:
             self._record(deployment, REFUSED, started, reason=problems)
             raise DeployError("preflight failed, nothing touched:\n" + "\n".join(problems))
+        if self.settings.kube.dry_run:
+            self.backend.apply(deployment)  # every write with dryRun=All, no wait
+            print(f"deploy: server dry run of {deployment.key[:16]}: nothing touched, no record")
+            return
         changes = self._roll_out(deployment, started)
         unchanged = all(change.unchanged for change in changes)
         promoted = self.tags.promote(deployment.digest)
@@ -134,9 +143,19 @@ class Deploy:
         if url:
             print(f"deploy: the service answers at {url}/v1")
 
+    def _dry_run_possible(self) -> None:
+        """A dry run is asked for only where the backend has one (the API server's)."""
+        if self.settings.kube.dry_run and not getattr(self.backend, "dry_run", False):
+            raise DeployError(
+                f"profile {self.profile.name}: a server dry run was asked for"
+                f" (SPARKFORGE_KUBE_DRY_RUN) but deploy {self.profile.deploy!r} has none"
+            )
+
     def rollback(self) -> None:
         """Restore the deployment before the live one, and `:stable` from `stable-prev`."""
         started = time.time()
+        if self.settings.kube.dry_run:
+            raise DeployError("rollback has no dry run; unset SPARKFORGE_KUBE_DRY_RUN")
         live = self.records.live()
         if not live:
             raise DeployError(f"profile {self.profile.name}: nothing deployed, nothing to restore")
@@ -181,7 +200,7 @@ class Deploy:
             if self.backend is None:
                 raise DeployError(
                     f"profile {self.profile.name}: deploy {self.profile.deploy!r} has no backend"
-                    " yet (only docker); its manifests are rendered by `doit render`"
+                    " yet; its manifests are rendered by `doit render`"
                 )
             try:
                 work()

@@ -1,0 +1,129 @@
+"""Kubernetes objects as the Kubernetes backend handles them: pure functions, no API calls."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from typing import Any
+
+LAST_APPLIED = "sparkforge.dev/last-applied"
+# Metadata the API server writes; a configuration to re-apply must not carry it.
+SERVER_METADATA = (
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "managedFields",
+    "selfLink",
+)
+
+
+def compact(body: dict[str, Any]) -> str:
+    """A configuration as one canonical JSON line (what the annotation holds)."""
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+def with_last_applied(config: dict[str, Any]) -> dict[str, Any]:
+    """The configuration as applied: itself, plus itself in the last-applied annotation."""
+    body = copy.deepcopy(config)
+    annotations = body["metadata"].setdefault("annotations", {})
+    annotations[LAST_APPLIED] = compact(config)
+    return body
+
+
+def previous_config(current: dict[str, Any]) -> dict[str, Any]:
+    """What to re-apply to get an object back: sparkforge's last configuration, else the object
+    without status and server-written metadata (it was made by someone else)."""
+    meta = current.get("metadata", {})
+    kept = meta.get("annotations", {}).get(LAST_APPLIED)
+    if kept:
+        return json.loads(kept)
+    config = {k: v for k, v in current.items() if k != "status"}
+    config["metadata"] = {k: v for k, v in meta.items() if k not in SERVER_METADATA}
+    return config
+
+
+def phase_of(doc: dict[str, Any]) -> str:
+    """The apply phase of a document; Jobs running the same container are one phase."""
+    kind = doc["kind"]
+    if kind == "Job":
+        return "jobs " + doc["spec"]["template"]["spec"]["containers"][0]["name"]
+    if kind in ("ConfigMap", "PersistentVolume", "PersistentVolumeClaim"):
+        return "caches"
+    return kind
+
+
+def phases(documents: tuple[dict[str, Any], ...]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(phase, documents) in apply order: consecutive documents of one phase together."""
+    found: list[tuple[str, list[dict[str, Any]]]] = []
+    for doc in documents:
+        name = phase_of(doc)
+        if found and found[-1][0] == name:
+            found[-1][1].append(doc)
+        else:
+            found.append((name, [doc]))
+    return found
+
+
+@dataclass
+class Change:
+    """What apply did to one object, so that restore can undo exactly that."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str | None
+    before: dict[str, Any] | None  # the configuration to re-apply; None: it did not exist
+    replaced: bool = False  # a Job deleted and created anew (a Job's template cannot change)
+    unchanged: bool = False
+
+    def line(self, dry_run: bool) -> str:
+        """What happened to the object, in a few words."""
+        if self.unchanged:
+            did = "unchanged"
+        elif self.replaced:
+            did = "replaced"
+        else:
+            did = "configured" if self.before is not None else "created"
+        where = f" in {self.namespace}" if self.namespace else ""
+        return f"{self.kind}/{self.name}{where} {did}" + (" (server dry run)" if dry_run else "")
+
+
+def images_of(doc: dict[str, Any]) -> set[str]:
+    """The images a document runs (an InferenceService's, a Job's containers')."""
+    if doc["kind"] == "InferenceService":
+        return {doc["spec"]["image"]}
+    if doc["kind"] == "Job":
+        return {c["image"] for c in doc["spec"]["template"]["spec"]["containers"]}
+    return set()
+
+
+def job_state(job: dict[str, Any]) -> tuple[str, str]:
+    """(Complete | Failed | Running, the condition's message) of a Job."""
+    for condition in job.get("status", {}).get("conditions", []):
+        if condition.get("type") in ("Complete", "Failed") and condition.get("status") == "True":
+            return condition["type"], condition.get("message", "")
+    return "Running", ""
+
+
+def service_state(service: dict[str, Any], members: int) -> tuple[str, str]:
+    """(Ready | Failed | Waiting, in a few words) of an InferenceService of this generation."""
+    status = service.get("status", {})
+    phase = status.get("phase") or "no phase yet"
+    ready = status.get("multiNode", {}).get("readyMembers", 0)
+    said = f"phase {phase}, {ready}/{members} members ready"
+    conditions = status.get("conditions", [])
+    generation = service.get("metadata", {}).get("generation")
+    seen = [c["observedGeneration"] for c in conditions if "observedGeneration" in c]
+    # A status the operator wrote for the previous spec says nothing about this one.
+    if seen and generation is not None and max(seen) < generation:
+        return "Waiting", f"{said}, status of generation {max(seen)} < {generation}"
+    if phase == "Failed":
+        messages = [c.get("message", "") for c in conditions if c.get("status") == "False"]
+        return "Failed", "; ".join(m for m in messages if m) or said
+    if phase == "Ready" and ready == members:
+        return "Ready", said
+    return "Waiting", said

@@ -1,0 +1,315 @@
+"""The Kubernetes backend (tp3-ring): llmkube objects by server-side apply, phase by phase.
+
+The phases follow the rendered order (domain.md's): caches, the Model (wait for Ready), the
+TP3 patch Jobs (wait for Complete), the node-prep Jobs (wait), then the InferenceService, whose
+wait is `wait`. Each object carries the configuration sparkforge applied last as an annotation,
+so restore can re-apply exactly what ran before, and delete what did not exist.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pipelines.deploy.health import DeployError
+from pipelines.deploy.kubeapi import KubeAccess, KubeApi
+from pipelines.deploy.kubeobjects import (
+    LAST_APPLIED,
+    Change,
+    images_of,
+    job_state,
+    phases,
+    previous_config,
+    service_state,
+    with_last_applied,
+)
+from pipelines.deploy.plan import Deployment, one_image, read_documents
+from pipelines.profiles import Profile
+
+LOG_LINES = 5
+
+
+class Kubernetes:
+    """llmkube objects on one cluster, through its API server (the kubeconfig's)."""
+
+    def __init__(
+        self, profile: Profile, local_engines: Any, timeout_s: float, kube: KubeAccess | None = None
+    ):
+        self.profile = profile
+        self.timeout_s = timeout_s
+        self.kube = kube or KubeAccess()
+        self.dry_run = self.kube.dry_run
+        self._api: KubeApi | None = None
+
+    @property
+    def api(self) -> KubeApi:
+        """The API server's client, made on first use (a no-op doit run never loads it)."""
+        if self._api is None:
+            self._api = KubeApi(self.kube)
+        return self._api
+
+    def close(self) -> None:
+        """Let go of the API server's connections."""
+        if self._api is not None:
+            self._api.close()
+            self._api = None
+
+    def load(self, key: str, folder: Path) -> Deployment:
+        """The objects render wrote, in the apply order its kustomization lists."""
+        found = read_documents(folder)
+        order = [b for _, b in found if b.get("kind") == "Kustomization"]
+        files = order[0]["resources"] if order else sorted(name for name, _ in found)
+        by_file: dict[str, list[dict[str, Any]]] = {}
+        for name, body in found:
+            by_file.setdefault(name, []).append(body)
+        docs = [body for name in files for body in by_file.get(name, [])]
+        if any(doc["kind"] == "Secret" for doc in docs):
+            raise DeployError(f"{folder}: a Secret was rendered; expected Secrets by name only")
+        image = one_image(set().union(*(images_of(doc) for doc in docs)), key)
+        return Deployment(self.profile.name, key, tuple(docs), image)
+
+    def endpoint(self, deployment: Deployment) -> str | None:
+        """None: the profile does not say where the service answers from this runner."""
+        return None
+
+    def _resource(self, doc: dict[str, Any]):
+        return self.api.resource(doc["apiVersion"], doc["kind"])
+
+    def preflight(self, deployment: Deployment, swap_off: bool, min_free: int) -> list[str]:
+        """API reachable and authorized, namespace and nodes there, image pinned, and every
+        object accepted by a server-side dry run; one line per problem, nothing touched."""
+        if "@sha256:" not in deployment.image:
+            return [f"image {deployment.image}: expected pinned by digest (@sha256:...)"]
+        namespace = self.profile.kubernetes.namespace
+        try:
+            if self.api.get(self.api.resource("v1", "Namespace"), namespace) is None:
+                return [
+                    f"namespace {namespace}: not found on {self.api.url}; expected it to exist"
+                    f" (kubectl create namespace {namespace})"
+                ]
+            problems = self._node_problems(swap_off)
+        except DeployError as err:
+            return [str(err)]
+        for doc in deployment.documents:
+            try:
+                self._dry_run(doc)
+            except DeployError as err:
+                problems.append(str(err))
+        return problems
+
+    def _node_problems(self, swap_off: bool) -> list[str]:
+        """Each member's node exists and is Ready; no swap when the profile asks (NodeSwap's
+        status.nodeInfo.swap, reported by kubelets since Kubernetes 1.30)."""
+        problems = []
+        nodes = self.api.resource("v1", "Node")
+        for member in self.profile.members:
+            node = self.api.get(nodes, member.node)
+            if node is None:
+                problems.append(f"member {member.node}: no such node on {self.api.url}")
+                continue
+            status = node.get("status", {})
+            ready = [c for c in status.get("conditions", []) if c.get("type") == "Ready"]
+            if not ready or ready[0].get("status") != "True":
+                problems.append(f"member {member.node}: node not Ready, expected Ready")
+            swap = status.get("nodeInfo", {}).get("swap", {}).get("capacity", 0)
+            if swap_off and swap:
+                problems.append(f"member {member.node}: swap on ({swap} bytes), expected off")
+        return problems
+
+    def _dry_run(self, doc: dict[str, Any]) -> None:
+        """The API server's verdict on applying doc, without applying it."""
+        resource = self._resource(doc)
+        meta = doc["metadata"]
+        body = with_last_applied(doc)
+        if doc["kind"] == "Job":
+            current = self.api.get(resource, meta["name"], meta.get("namespace"))
+            if current is not None and self._differs(current, body):
+                # The real apply replaces it: ask about the delete (a dry-run apply would be
+                # refused, a Job's template being immutable).
+                self.api.delete(resource, meta["name"], meta.get("namespace"), dry_run=True)
+                return
+        self.api.apply(resource, body, dry_run=True)
+
+    @staticmethod
+    def _differs(current: dict[str, Any], body: dict[str, Any]) -> bool:
+        ours = body["metadata"]["annotations"][LAST_APPLIED]
+        return current["metadata"].get("annotations", {}).get(LAST_APPLIED) != ours
+
+    def apply(self, deployment: Deployment) -> list[Change]:
+        """Apply phase by phase, waiting for each; the changes so far ride on any exception
+        (`err.changes`), Ctrl-C included."""
+        changes: list[Change] = []
+        try:
+            for name, docs in phases(deployment.documents):
+                for doc in docs:
+                    self._apply_one(doc, changes)
+                    print(f"deploy: {changes[-1].line(self.dry_run)}")
+                if not self.dry_run:
+                    self._wait_phase(name, docs)
+        except BaseException as err:
+            err.changes = changes  # type: ignore[attr-defined]
+            raise
+        return changes
+
+    def _apply_one(self, doc: dict[str, Any], changes: list[Change]) -> None:
+        """Apply one object; its change is recorded before anything is written."""
+        resource = self._resource(doc)
+        meta = doc["metadata"]
+        name, namespace = meta["name"], meta.get("namespace")
+        body = with_last_applied(doc)
+        current = self.api.get(resource, name, namespace)
+        before = previous_config(current) if current is not None else None
+        change = Change(doc["apiVersion"], doc["kind"], name, namespace, before)
+        changes.append(change)
+        if current is not None and doc["kind"] == "Job" and self._differs(current, body):
+            change.replaced = True
+            self.api.delete(resource, name, namespace, self.dry_run)
+            if self.dry_run:
+                return
+            self._wait_gone(resource, name, namespace)
+        applied = self.api.apply(resource, body, self.dry_run)
+        version = applied.get("metadata", {}).get("resourceVersion")
+        change.unchanged = (
+            current is not None
+            and not change.replaced
+            and version == current["metadata"].get("resourceVersion")
+        )
+
+    def _poll(self, what: str, pending: Callable[[], str | None]) -> None:
+        """Call pending until it returns None (done) or raises; DeployError after the timeout."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            state = pending()
+            if state is None:
+                return
+            if time.monotonic() >= deadline:
+                raise DeployError(f"{what}: not done after {self.timeout_s:g} s ({state})")
+            time.sleep(self.kube.poll_s)
+
+    def _get(self, doc: dict[str, Any]) -> dict[str, Any]:
+        meta = doc["metadata"]
+        found = self.api.get(self._resource(doc), meta["name"], meta.get("namespace"))
+        if found is None:
+            raise DeployError(f"{doc['kind']}/{meta['name']}: gone while waiting for it")
+        return found
+
+    def _wait_gone(self, resource, name: str, namespace: str | None) -> None:
+        def pending() -> str | None:
+            return None if self.api.get(resource, name, namespace) is None else "still there"
+
+        self._poll(f"{resource.kind}/{name} deletion", pending)
+
+    def _wait_phase(self, name: str, docs: list[dict[str, Any]]) -> None:
+        """Wait for what a phase must finish: the Model staged, every Job complete."""
+        if name == "Model":
+            for doc in docs:
+                self._poll(f"Model/{doc['metadata']['name']}", lambda d=doc: self._model(d))
+        elif name.startswith("jobs "):
+            self._poll(name, lambda: self._jobs(docs))
+
+    def _model(self, doc: dict[str, Any]) -> str | None:
+        status = self._get(doc).get("status", {})
+        phase = status.get("phase") or "no phase yet"
+        if phase == "Failed":
+            said = [c.get("message", "") for c in status.get("conditions", [])]
+            raise DeployError(f"Model/{doc['metadata']['name']} failed: {'; '.join(said)}")
+        return None if phase == "Ready" else f"phase {phase}"
+
+    def _jobs(self, docs: list[dict[str, Any]]) -> str | None:
+        """None when every Job completed; DeployError naming the member of a failed one."""
+        running = 0
+        for doc in docs:
+            state, message = job_state(self._get(doc))
+            if state == "Failed":
+                member = doc["spec"]["template"]["spec"].get("nodeName", "?")
+                tail = self._log_tail(doc)
+                raise DeployError(
+                    f"member {member}: Job {doc['metadata']['name']} failed: {message}"
+                    + (f"; log: {tail}" if tail else "")
+                )
+            running += state == "Running"
+        return f"{running} of {len(docs)} Jobs running" if running else None
+
+    def _log_tail(self, doc: dict[str, Any]) -> str:
+        """The last lines its newest pod logged, on one line ('' when there is none)."""
+        meta = doc["metadata"]
+        pods = self.api.resource("v1", "Pod")
+        try:
+            found = self.api.list(pods, meta["namespace"], f"job-name={meta['name']}")
+            if not found:
+                return ""
+            newest = max(found, key=lambda p: p["metadata"].get("creationTimestamp", ""))
+            path = pods.path(newest["metadata"]["name"], meta["namespace"]) + "/log"
+            text = self.api.request("GET", path, {"tailLines": LOG_LINES}, text=True)
+        except DeployError as err:
+            return f"(no log: {err})"
+        return " | ".join(line for line in text.splitlines()[-LOG_LINES:] if line.strip())
+
+    def wait(self, deployment: Deployment, served_name: str) -> None:
+        """The InferenceService is Ready with every member ready, or DeployError."""
+        if self.dry_run:
+            return
+        for doc in deployment.documents:
+            if doc["kind"] != "InferenceService":
+                continue
+            members = len(doc["spec"].get("multiNode", {}).get("members", [])) or 1
+
+            def pending(doc=doc, members=members) -> str | None:
+                state, said = service_state(self._get(doc), members)
+                if state == "Failed":
+                    raise DeployError(f"InferenceService/{doc['metadata']['name']} failed: {said}")
+                return None if state == "Ready" else said
+
+            self._poll(f"InferenceService/{doc['metadata']['name']}", pending)
+
+    def restore(self, changes: list[Change], profile: str) -> None:
+        """Undo apply, last change first: re-apply what was there, delete what was not."""
+        failed = []
+        for change in reversed(changes):
+            if change.unchanged or self.dry_run:
+                continue
+            try:
+                self._undo(change)
+            except DeployError as err:
+                failed.append(str(err))
+        if failed:
+            raise DeployError("restore incomplete: " + "; ".join(failed))
+
+    def _undo(self, change: Change) -> None:
+        resource = self.api.resource(change.api_version, change.kind)
+        what = f"{change.kind}/{change.name}"
+        if change.before is None or change.kind == "Job":
+            self.api.delete(resource, change.name, change.namespace, dry_run=False)
+            if change.before is None:
+                print(f"restore: {what} deleted (it did not exist before)")
+                return
+            self._wait_gone(resource, change.name, change.namespace)
+        self.api.apply(resource, with_last_applied(change.before), dry_run=False)
+        print(f"restore: {what} as it was before")
+
+    def commit(self, changes: list[Change]) -> None:
+        """Nothing to forget: the previous configurations lived only in the changes."""
+
+    def running(self, deployment: Deployment) -> list[str]:
+        """One line per object: there or not, and whether it is this deployment's."""
+        lines = []
+        for doc in deployment.documents:
+            what = f"{doc['kind']}/{doc['metadata']['name']}"
+            meta = doc["metadata"]
+            try:
+                current = self.api.get(self._resource(doc), meta["name"], meta.get("namespace"))
+            except DeployError as err:
+                lines.append(f"{what}: {err}")
+                continue
+            if current is None:
+                lines.append(f"{what}: not found on {self.api.url}")
+                continue
+            ours = not self._differs(current, with_last_applied(doc))
+            state = "this deployment" if ours else "differs from this deployment"
+            if doc["kind"] == "InferenceService":
+                members = len(doc["spec"].get("multiNode", {}).get("members", [])) or 1
+                state += f", {service_state(current, members)[1]}"
+            lines.append(f"{what}: {state}")
+        return lines
