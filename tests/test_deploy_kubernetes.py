@@ -16,8 +16,10 @@ from pipelines.deploy.health import DeployError
 from pipelines.deploy.kubeobjects import LAST_APPLIED, compact
 from pipelines.deploy.plan import Deployment
 from pipelines.deploy.records import Records
+from pipelines.errors import PipelineError
 from pipelines.profiles import load_profile
 from pipelines.render import Render
+from pipelines.settings import read_settings
 from pipelines.steps import Engine
 from pipelines.store import Store
 from pipelines.weights import Weights, WeightsSettings
@@ -368,3 +370,28 @@ def test_no_secret_value_is_ever_sent_or_printed(world, capsys, monkeypatch):
     out = capsys.readouterr()
     assert SECRET not in out.out + out.err and world.double.token not in out.out + out.err
     assert SECRET not in json.dumps(stage.records.history())
+
+
+def test_rollback_applies_the_earlier_deployment_again_and_status_says_what_runs(world, capsys):
+    first = configs_of(deploy(world, IMAGE_A).candidate())
+    deploy(world, IMAGE_B)
+    stage = deploy_stage(world, IMAGE_B)
+    stage.rollback()
+    d = world.double
+    assert stored_configs(d) == first
+    assert d.find("InferenceService", "dsv41-flash")["spec"]["image"] == IMAGE_A
+    assert outcomes(stage) == ["deployed", "deployed", "restored"]
+    capsys.readouterr()
+    stage.status()
+    stage.backend.close()
+    out = capsys.readouterr().out
+    assert "InferenceService/dsv41-flash: this deployment, phase Ready, 3/3 members ready" in out
+    assert "Job/dsv41-flash-tp3-patch-0: this deployment" in out
+
+
+def test_the_dry_run_setting_takes_server_or_nothing():
+    settings = read_settings({"SPARKFORGE_KUBE_DRY_RUN": "server", "KUBECONFIG": "/k/a:/k/b"})
+    assert settings.kube_dry_run and settings.kubeconfig == "/k/a:/k/b"
+    assert not read_settings({}).kube_dry_run
+    with pytest.raises(PipelineError, match="SPARKFORGE_KUBE_DRY_RUN='client': expected 'server'"):
+        read_settings({"SPARKFORGE_KUBE_DRY_RUN": "client"})

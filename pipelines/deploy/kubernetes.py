@@ -280,7 +280,7 @@ class Kubernetes:
     def _undo(self, change: Change) -> None:
         resource = self.api.resource(change.api_version, change.kind)
         what = f"{change.kind}/{change.name}"
-        if change.before is None or change.kind == "Job":
+        if change.before is None or change.replaced:
             self.api.delete(resource, change.name, change.namespace, dry_run=False)
             if change.before is None:
                 print(f"restore: {what} deleted (it did not exist before)")
