@@ -395,3 +395,14 @@ def test_the_dry_run_setting_takes_server_or_nothing():
     assert not read_settings({}).kube_dry_run
     with pytest.raises(PipelineError, match="SPARKFORGE_KUBE_DRY_RUN='client': expected 'server'"):
         read_settings({"SPARKFORGE_KUBE_DRY_RUN": "client"})
+
+
+def test_an_unreachable_api_server_is_one_line_naming_its_url(world):
+    world.server.close()
+    stage = deploy_stage(world, IMAGE_A)
+    with pytest.raises(DeployError) as err:
+        stage.deploy()
+    assert str(err.value).splitlines()[1:] == [
+        f"kubernetes API {world.server.url} unreachable (MaxRetryError) on GET /api/v1;"
+        f" expected an API server there (kubeconfig {world.kubeconfig})"
+    ]
