@@ -37,6 +37,7 @@ class Kubernetes:
     def __init__(
         self, profile: Profile, local_engines: Any, timeout_s: float, kube: KubeAccess | None = None
     ):
+        # local_engines: the local stack's Docker engines, which a cluster does not use.
         self.profile = profile
         self.timeout_s = timeout_s
         self.kube = kube or KubeAccess()
@@ -79,7 +80,9 @@ class Kubernetes:
 
     def preflight(self, deployment: Deployment, swap_off: bool, min_free: int) -> list[str]:
         """API reachable and authorized, namespace and nodes there, image pinned, and every
-        object accepted by a server-side dry run; one line per problem, nothing touched."""
+        object accepted by a server-side dry run; one line per problem, nothing touched.
+
+        min_free is not checked: the API does not show a node's disk under the model cache."""
         if "@sha256:" not in deployment.image:
             return [f"image {deployment.image}: expected pinned by digest (@sha256:...)"]
         namespace = self.profile.kubernetes.namespace
