@@ -368,3 +368,38 @@ def test_ctrl_c_during_a_deploy_restores_the_previous_one(world, docker_client):
     assert served_models(world) == [world["profile"]["model"]["served_name"]]
     last = records(world)[-1]
     assert (last["outcome"], last["reason"]) == ("rolled back", "KeyboardInterrupt")
+
+
+def test_a_missing_image_digest_is_refused_in_preflight_naming_the_member(world, docker_client):
+    deployed(world)
+    before = member(docker_client).id
+    missing = "sha256:" + "0" * 64
+
+    result = doit(world, "deploy", f"image_digest={missing}")
+
+    assert result.returncode != 0
+    out = result.stdout + result.stderr
+    assert "preflight failed, nothing touched:" in out
+    assert "member localhost: unix://" in out and f"cannot pull {world['registry']}/" in out
+    assert f"@{missing}" in out and "Traceback" not in out
+    assert member(docker_client).id == before
+    assert records(world)[-1]["outcome"] == "refused"
+
+
+def test_an_unknown_host_is_one_line_naming_the_member_and_its_url(world, docker_client):
+    deployed(world)
+    profile = {**world["profile"]}
+    url = "ssh://sparkforge@no-such-host.invalid"
+    profile["members"] = [{**profile["members"][0], "docker": url}]
+    path = world["profiles"] / f"{NAME}.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    try:
+        result = doit(world, "deploy")
+    finally:
+        path.write_text(yaml.safe_dump(world["profile"]))
+
+    assert result.returncode != 0
+    out = result.stdout + result.stderr
+    assert f"member localhost: {url}: ssh: " in out
+    assert "no-such-host.invalid" in out.split(f"{url}: ssh: ", 1)[1].splitlines()[0]
+    assert records(world)[-1]["outcome"] == "refused"

@@ -7,6 +7,7 @@ import platform as host_platform
 import subprocess
 import tarfile
 import tempfile
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,7 +139,9 @@ def engine_build(client, plan: BuildPlan, saved: Path) -> None:
     """Build with the engine (context sent with normalized mtimes) and save the image tar."""
     import docker.errors  # the client is a docker SDK client: the package is loaded already
 
-    tag = f"sparkforge-build/{plan.name}:{plan.key[:16]}"
+    # Unique per build: two builders of one key on one engine (two runners, two test runs)
+    # must not remove each other's tag between build and save.
+    tag = f"sparkforge-build/{plan.name}:{plan.key[:16]}-{uuid.uuid4().hex[:8]}"
     log: list[str] = []
     step = "(before the first step)"
     kwargs = {} if plan.platform == native_platform() else {"platform": plan.platform}
