@@ -81,6 +81,42 @@ def test_stat_cache_sees_a_same_size_rewrite_that_keeps_the_mtime(tmp_path, monk
         assert cache.digest_file(path) == hashlib.sha256(new).hexdigest(), f"iteration {i}"
 
 
+class FakeNanoClock:
+    """time as the stat cache sees it: now in ns, moved only by a sleep (each one recorded)."""
+
+    def __init__(self, now_ns: int):
+        self.now_ns = now_ns
+        self.sleeps: list[float] = []
+
+    def time_ns(self) -> int:
+        return self.now_ns
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now_ns += round(seconds * 1e9)
+
+
+def test_stat_cache_records_a_digest_only_once_the_files_ctime_is_racy_ns_old(
+    tmp_path, monkeypatch
+):
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"f")
+    st = os.stat(path)
+    sha = hashlib.sha256(b"f").hexdigest()
+    cache = statcache.StatCache(tmp_path / "c.sqlite3")
+    for age_ns, waited in (
+        (10_000_000, [0.04]),  # 10 ms old: waits the other 40 ms
+        (statcache.RACY_NS - 1, [1e-9]),  # one ns short: waits that ns
+        (statcache.RACY_NS, []),  # old enough: no wait at all
+        (10 * statcache.RACY_NS, []),
+    ):
+        clock = FakeNanoClock(st.st_ctime_ns + age_ns)
+        monkeypatch.setattr(statcache, "time", clock)
+        cache.record([(path, statcache.stat_key(st), sha)])
+        assert clock.sleeps == waited, age_ns
+        assert cache.lookup(path, st) == sha
+
+
 # --- fetch_weights refuses a lock that is not locked yet -------------------------------------
 
 
