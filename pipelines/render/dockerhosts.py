@@ -155,19 +155,19 @@ def simulator_plans(profile: Profile, image: str, weights_path: str) -> list[Doc
     ]
 
 
-def render_simulated(profile: Profile, model: RenderInputs, secrets: list[str]) -> list[Document]:
-    """The simulated runtime's launch plans, checked like a ring's (pinned, no secrets)."""
-    docs = simulator_plans(profile, model.image, staged_folder(model))
+def checked(docs: list[Document], secrets: list[str]) -> list[Document]:
+    """Launch plans that pass the ring's rules (images pinned) and hold no secret."""
     violations = check_ring_rules(docs) + check_secrets(docs, secrets)
     if violations:
         raise RenderError("\n".join(violations))
     return docs
+
+
+def render_simulated(profile: Profile, model: RenderInputs, secrets: list[str]) -> list[Document]:
+    """The simulated runtime's launch plans, checked like a ring's."""
+    return checked(simulator_plans(profile, model.image, staged_folder(model)), secrets)
 
 
 def render(profile: Profile, model: RenderInputs, secrets: list[str]) -> list[Document]:
-    """The launch plans of a profile, validated (images pinned, no secrets)."""
-    docs = launch_plans(profile, model.image, staged_folder(model))
-    violations = check_ring_rules(docs) + check_secrets(docs, secrets)
-    if violations:
-        raise RenderError("\n".join(violations))
-    return docs
+    """The SGLang launch plans of a profile, checked."""
+    return checked(launch_plans(profile, model.image, staged_folder(model)), secrets)
