@@ -20,8 +20,11 @@ import requests
 import yaml
 from conftest import delete_repository
 
+from pipelines.deploy.dockerhosts import DockerHosts
+from pipelines.deploy.plan import Deployment
 from pipelines.images.registry import ACCEPT
 from pipelines.paths import PROFILES_DIR
+from pipelines.profiles import load_profile
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = f"deploytest{uuid.uuid4().hex[:6]}"
@@ -403,3 +406,25 @@ def test_an_unknown_host_is_one_line_naming_the_member_and_its_url(world, docker
     assert f"member localhost: {url}: ssh: " in out
     assert "no-such-host.invalid" in out.split(f"{url}: ssh: ", 1)[1].splitlines()[0]
     assert records(world)[-1]["outcome"] == "refused"
+
+
+def test_preflight_refuses_a_member_whose_folder_was_staged_from_another_lock(world, stack):
+    deployed(world)  # a build now would stage again: the check is for members staged elsewhere
+    record = records(world)[-1]
+    deployment = Deployment.from_record(NAME, record["deployment"])
+    backend = DockerHosts(load_profile(NAME, world["profiles"]), stack.docker_hosts, 10)
+    source = Path(deployment.documents[0]["mounts"][0]["source"])
+    marker = source.with_name(f"{source.name}.staged.json")
+    good = marker.read_text()
+    try:
+        assert backend.preflight(deployment, False, 0, record["lock_sha256"]) == []
+        marker.write_text(json.dumps({"lock_sha256": "f" * 64}))
+        problems = backend.preflight(deployment, False, 0, record["lock_sha256"])
+    finally:
+        marker.write_text(good)
+        backend.close()
+
+    assert problems == [
+        f"member localhost: model folder {source}: staged from lock sha256 {'f' * 64}, expected"
+        f" {record['lock_sha256']} (stage the profile's lock on this host)"
+    ]

@@ -22,8 +22,11 @@ class Backend(Protocol):
     def endpoint(self, deployment: Deployment) -> str | None:
         """The service's base URL as this runner reaches it (None: not reachable from here)."""
 
-    def preflight(self, deployment: Deployment, swap_off: bool, min_free: int) -> list[str]:
-        """Problems found before anything is touched, one line each."""
+    def preflight(
+        self, deployment: Deployment, swap_off: bool, min_free: int, lock_sha256: str = ""
+    ) -> list[str]:
+        """Problems found before anything is touched, one line each (lock_sha256: the lock
+        every member's staged model folder must come from)."""
 
     def apply(self, deployment: Deployment) -> list[Any]:
         """Apply; returns the changes restore undoes (on an exception: `err.changes`)."""

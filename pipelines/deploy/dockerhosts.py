@@ -6,6 +6,7 @@ import contextlib
 import functools
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pipelines.deploy.health import DeployError, wait_until_serving
@@ -22,9 +23,19 @@ PREFLIGHT = r"""
 import json, os, sys
 need = json.loads(sys.argv[1])
 found = []
-folder = need["models"]
+folder, record = need["models"], need["models"] + ".staged.json"
 if not os.path.isfile(os.path.join(folder, "config.json")):
     found.append(f"model folder {need['source']}: no config.json (not staged on this host?)")
+elif need["lock_sha256"]:
+    try:
+        staged = json.load(open(record))["lock_sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        staged = None
+    if staged != need["lock_sha256"]:
+        found.append(
+            f"model folder {need['source']}: staged from lock sha256 {staged}, expected"
+            f" {need['lock_sha256']} (stage the profile's lock on this host)"
+        )
 st = os.statvfs(folder) if os.path.isdir(folder) else None
 free = st.f_bavail * st.f_frsize if st else 0
 if free < need["min_free_bytes"]:
@@ -139,29 +150,34 @@ class DockerHosts:
             self._clients[member.docker] = client
         return self._clients[member.docker]
 
-    def preflight(self, deployment: Deployment, swap_off: bool, min_free: int) -> list[str]:
+    def preflight(
+        self, deployment: Deployment, swap_off: bool, min_free: int, lock_sha256: str = ""
+    ) -> list[str]:
         """Problems on any member (one line each), found without touching a deployment."""
         import docker.errors
+        from docker.types import Mount
 
         found = []
         for member, plan in deployment.members():
             try:
                 client = self.client(member)
                 self._pull(client, member, plan["image"])
-                mount = next(m for m in plan["mounts"] if m["target"] == "/models")
+                source = Path(next(m for m in plan["mounts"] if m["target"] == "/models")["source"])
                 need = {
-                    "models": "/models",
-                    "source": mount["source"],
+                    "models": f"/staged/{source.name}",
+                    "source": str(source),
                     "min_free_bytes": min_free,
                     "swap_off": swap_off,
+                    "lock_sha256": lock_sha256,
                 }
+                # The folder's parent: the staged folder and the record of its lock beside it.
                 output = client.containers.run(
                     plan["image"],
                     ["python3", "-c", PREFLIGHT, json.dumps(need)],
                     entrypoint=[],
                     remove=True,
                     network_mode="none",
-                    mounts=container_options(plan, {})["mounts"],
+                    mounts=[Mount("/staged", str(source.parent), type="bind", read_only=True)],
                 )
             except DeployError as err:
                 found.append(str(err))

@@ -78,11 +78,14 @@ class Kubernetes:
     def _resource(self, doc: dict[str, Any]):
         return self.api.resource(doc["apiVersion"], doc["kind"])
 
-    def preflight(self, deployment: Deployment, swap_off: bool, min_free: int) -> list[str]:
+    def preflight(
+        self, deployment: Deployment, swap_off: bool, min_free: int, lock_sha256: str = ""
+    ) -> list[str]:
         """API reachable and authorized, namespace and nodes there, image pinned, and every
         object accepted by a server-side dry run; one line per problem, nothing touched.
 
-        min_free is not checked: the API does not show a node's disk under the model cache."""
+        min_free is not checked: the API does not show a node's disk under the model cache;
+        lock_sha256 neither: the operator fills the caches from the Model's source."""
         if "@sha256:" not in deployment.image:
             return [f"image {deployment.image}: expected pinned by digest (@sha256:...)"]
         namespace = self.profile.kubernetes.namespace

@@ -76,8 +76,12 @@ class Deploy:
         """The deployment `doit build` rendered last (its plans and key)."""
         return self.backend.load(self.engine.key(self.render), self.engine.output(self.render))
 
+    def _lock_sha256(self) -> str:
+        """The sha256 of the profile's lock file."""
+        return hashlib.sha256(self.lock_file.read_bytes()).hexdigest()
+
     def _record(self, deployment: Deployment, outcome: str, started: float, **extra) -> None:
-        lock_sha = hashlib.sha256(self.lock_file.read_bytes()).hexdigest()
+        lock_sha = self._lock_sha256()
         self.records.write(
             {
                 "profile": self.profile.name,
@@ -124,7 +128,7 @@ class Deploy:
         deployment = self.candidate()
         hygiene = self.profile.hygiene
         problems = self.backend.preflight(
-            deployment, bool(hygiene and hygiene.swap_off), MIN_FREE_BYTES
+            deployment, bool(hygiene and hygiene.swap_off), MIN_FREE_BYTES, self._lock_sha256()
         )
         if problems:
             self._record(deployment, REFUSED, started, reason=problems)

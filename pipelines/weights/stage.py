@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 from pathlib import Path
 
 from pipelines.errors import PipelineError
-from pipelines.files import fsync_dir
+from pipelines.files import fsync_dir, write_atomic
 from pipelines.weights.blobs import BlobStore
 from pipelines.weights.lock import Lock
 
@@ -40,6 +41,26 @@ def stale_names(
             relink.append(name)
     extra = sorted(set(os.listdir(folder)) - set(plan)) if folder.is_dir() else []
     return relink, extra
+
+
+def staged_record(folder: Path) -> Path:
+    """Beside a staged folder: the sha256 of the lock it was staged from (what a deploy's
+    preflight checks on each member; inside the folder it would be a name the plan lacks)."""
+    return folder.with_name(f"{folder.name}.staged.json")
+
+
+def record_staged(folder: Path, lock_sha256: str) -> None:
+    """Say, atomically, which lock the folder now holds."""
+    record = {"lock_sha256": lock_sha256}
+    write_atomic(staged_record(folder), (json.dumps(record, sort_keys=True) + "\n").encode())
+
+
+def staged_from(folder: Path) -> str | None:
+    """The sha256 of the lock the folder was last staged from, if recorded."""
+    try:
+        return json.loads(staged_record(folder).read_text())["lock_sha256"]
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
 
 
 def is_staged(folder: Path, plan: dict[str, str], blobs: BlobStore) -> bool:

@@ -6,6 +6,7 @@ it; a blob has *one writer* at a time (an flock); nothing else here is called a 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from pipelines.weights.lock import (
 )
 from pipelines.weights.options import WeightsSettings
 from pipelines.weights.patch import ORIG_SUFFIX, config_bytes, patch_tp3, read_config
-from pipelines.weights.stage import is_staged, stage, stage_plan
+from pipelines.weights.stage import is_staged, record_staged, stage, stage_plan, staged_from
 
 SYNTHETIC_LOCK = "dsv41-flash-synthetic"
 
@@ -207,13 +208,20 @@ class Weights:
         if self.patch is not None and not self.engine.is_done(self.patch):
             return False
         plan = stage_plan(self.complete_lock(), self.overrides())
-        return is_staged(self.folder, plan, self.blobs)
+        return is_staged(self.folder, plan, self.blobs) and staged_from(self.folder) == (
+            self.lock_sha256()
+        )
+
+    def lock_sha256(self) -> str:
+        """The sha256 of the lock file's bytes: what a staged folder records it came from."""
+        return hashlib.sha256(self.lock_file.read_bytes()).hexdigest()
 
     def stage(self) -> None:
-        """Link the model folder to the blobs."""
+        """Link the model folder to the blobs, then record the lock it was staged from."""
         self.restore_patched_blob()
         plan = stage_plan(self.complete_lock(), self.overrides())
         linked = stage(self.folder, plan, self.blobs)
+        record_staged(self.folder, self.lock_sha256())
         print(f"stage_weights: {self.folder} ({len(linked)} names linked)")
 
     # --- verify ----------------------------------------------------------------------------
