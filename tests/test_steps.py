@@ -40,12 +40,13 @@ DODO = textwrap.dedent(
         text = run.step.params["greeting"] + " " + Path("name.txt").read_text()
         out = run.out / "greeting.txt"
         with out.open("w") as f:
-            for _ in range(int(get_var("slow", "0"))):
-                f.write(text)
-                f.flush()
+            f.write(text[:3])
+            f.flush()
+            if Path("hold").exists():  # a test holds the step mid-write until it removes hold
                 Path("writing").touch()
-                time.sleep(0.05)
-            f.write(text)
+                while Path("hold").exists():
+                    time.sleep(0.02)
+            f.write(text[3:])
 
     GREET = Step(name="greet", recipe="greet", version=1, doc="write a greeting",
                  action=greet, params={"greeting": get_var("greeting", "hello")},
@@ -113,8 +114,9 @@ def test_explain_names_a_changed_parameter(tmp_path):
 
 def test_step_killed_while_writing_leaves_no_output_and_next_run_completes(tmp_path):
     project, env = make_project(tmp_path)
+    (project / "hold").touch()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "doit", "greet", "slow=200"],
+        [sys.executable, "-m", "doit", "greet"],
         cwd=project,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -127,6 +129,7 @@ def test_step_killed_while_writing_leaves_no_output_and_next_run_completes(tmp_p
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    (project / "hold").unlink()
 
     store = Store(project / "store")
     engine = Engine(store, root=project)
@@ -458,28 +461,45 @@ def test_a_side_task_runs_until_its_place_says_done_and_fails_in_one_line(tmp_pa
     )
 
 
+def waits_for_flock(path: Path) -> bool:
+    """Whether some process is blocked on an flock of path (a "->" line of /proc/locks)."""
+    inode = f":{path.stat().st_ino} "
+    return any("->" in line and inode in line for line in open("/proc/locks"))
+
+
 def test_a_second_builder_of_a_key_waits_and_uses_the_first_ones_output(tmp_path):
     project, env = make_project(tmp_path)
-    # 4 s of writing: time for the second doit to start and queue on the key's lock.
-    first = subprocess.Popen(
-        [sys.executable, "-m", "doit", "greet", "slow=80"],
-        cwd=project,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 30
+    (project / "hold").touch()  # the first builder stays mid-write until the second queues
+
+    def greet() -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "doit", "greet"],
+            cwd=project,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    first = greet()
+    deadline = time.monotonic() + 60
     while not (project / "writing").exists():
         assert first.poll() is None, first.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    second = doit(project, env, "greet")  # the same key, while the first still writes
+    [lock] = (project / "store" / "locks").iterdir()
+    second = greet()  # the same key, while the first still writes
+    while not waits_for_flock(lock):
+        assert second.poll() is None, second.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    (project / "hold").unlink()
     out, _ = first.communicate()
-    assert first.returncode == 0 and second.returncode == 0, second.stderr
+    second_out, second_err = second.communicate()
+    assert first.returncode == 0 and second.returncode == 0, second_err
     assert reports(out)["greet"][0] == "built"
-    assert reports(second.stdout)["greet"][0] == "found"
-    assert reports(second.stdout)["greet"][1] == reports(out)["greet"][1]
+    assert reports(second_out)["greet"][0] == "found"
+    assert reports(second_out)["greet"][1] == reports(out)["greet"][1]
     assert runs(project) == ["hello"]  # the action ran once
 
 
