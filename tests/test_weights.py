@@ -620,13 +620,16 @@ def test_a_file_another_process_stored_meanwhile_is_reported_reused(s3, syntheti
     url = S3Url.parse(source)
     data = s3.get_object(Bucket=url.bucket, Key=url.key(config.name))["Body"].read()
 
-    def stored_meanwhile(label: str, total: int, big_files: dict[str, int]) -> NoProgress:
+    def stored_meanwhile(label: str, total: int, big_files: dict[str, int]) -> RecordingProgress:
         # Another process finishes config.json after this fetch found it missing.
         assert blobs.add_bytes(data) == config.sha256
-        return NoProgress()
+        return RecordingProgress(label, total, big_files)
 
     two = Lock(model=lock.model, source=source, files=[config, other])
+    RecordingProgress.made.clear()
     report = fetch_lock(s3, two, blobs, FetchOptions(), progress_factory=stored_meanwhile)
+    [progress] = RecordingProgress.made
+    assert progress.bytes == {config.name: config.size, other.name: other.size}  # both done
     assert report.reused == [config.name]
     assert report.fetched == [other.name]
     assert report.downloaded == other.size
@@ -662,3 +665,57 @@ def test_ctrl_c_during_a_fetch_raises_keyboardinterrupt_and_the_next_fetch_compl
     report = fetch(s3, one, blobs, part_size=1 << 20)
     assert blobs.is_intact(entry.sha256, entry.size)
     assert report.read_back + report.downloaded <= entry.size  # what it had came not again
+
+
+def test_a_partial_file_that_is_already_whole_is_stored_without_downloading(s3, synthetic, blobs):
+    """A fetch killed after its last byte, before the rename: the next one only hashes it."""
+    source, lock = synthetic
+    entry = lock.entry("config.json")
+    url = S3Url.parse(source)
+    data = s3.get_object(Bucket=url.bucket, Key=url.key(entry.name))["Body"].read()
+    blobs.partial_file(entry.sha256).write_bytes(data)
+    one = Lock(model=lock.model, source=source, files=[entry])
+    report = fetch(s3, one, blobs)
+    assert (report.fetched, report.downloaded, report.read_back) == ([entry.name], 0, entry.size)
+    assert blobs.blob(entry.sha256).read_bytes() == data
+
+
+def test_a_partial_file_longer_than_the_file_is_fetched_again_from_the_start(s3, synthetic, blobs):
+    source, lock = synthetic
+    entry = lock.entry("model-00001-of-00048.safetensors")
+    blobs.partial_file(entry.sha256).write_bytes(b"x" * (entry.size + 10))
+    one = Lock(model=lock.model, source=source, files=[entry])
+    report = fetch(s3, one, blobs)
+    assert (report.fetched, report.downloaded, report.read_back) == ([entry.name], entry.size, 0)
+    assert blobs.is_intact(entry.sha256, entry.size)
+
+
+class BothFilesAtOnce(NoProgress):
+    """A progress display that lets a file go on only once the other one has bytes too."""
+
+    def __init__(self, *args):
+        self.seen: set[str] = set()
+        self.both = threading.Event()
+        self.gave_up = False
+
+    def advance(self, name: str, n: int) -> None:
+        self.seen.add(name)
+        if len(self.seen) == 2:
+            self.both.set()
+        if not self.gave_up and not self.both.wait(timeout=30):
+            self.gave_up = True  # one file waited for the other to finish
+
+
+def test_files_are_fetched_at_the_same_time(s3, synthetic, blobs):
+    source, lock = synthetic
+    two = Lock(model=lock.model, source=source, files=[lock.entry(BIG), lock.entry("config.json")])
+    made = []
+
+    def progress(*args) -> BothFilesAtOnce:
+        made.append(BothFilesAtOnce())
+        return made[0]
+
+    options = FetchOptions(files_at_once=2, workers=2, ahead=1, part_size=1 << 20)
+    report = fetch_lock(s3, two, blobs, options, progress_factory=progress)
+    assert sorted(report.fetched) == sorted(e.name for e in two.files)
+    assert not made[0].gave_up
