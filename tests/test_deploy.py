@@ -428,3 +428,21 @@ def test_preflight_refuses_a_member_whose_folder_was_staged_from_another_lock(wo
         f"member localhost: model folder {source}: staged from lock sha256 {'f' * 64}, expected"
         f" {record['lock_sha256']} (stage the profile's lock on this host)"
     ]
+
+
+def test_a_profile_asking_for_it_gets_each_members_page_cache_dropped_before_apply(world):
+    deployed(world)
+    profile = {**world["profile"]}
+    # swap_off left false: whether this machine swaps is not the test's to decide.
+    profile["hygiene"] = {"swap_off": False, "drop_page_cache": True, "min_free_kbytes": 0}
+    path = world["profiles"] / f"{NAME}.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    try:
+        result = doit(world, "deploy")
+    finally:
+        path.write_text(yaml.safe_dump(world["profile"]))
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    dropped = lines.index("deploy: page cache dropped on member localhost")
+    assert dropped < next(i for i, line in enumerate(lines) if "smoke completion" in line)

@@ -209,12 +209,51 @@ class DockerHosts:
         Returns the changes so far even when interrupted (through DeployError.changes)."""
         changes: list[Change] = []
         try:
+            hygiene = self.profile.hygiene
+            if hygiene and hygiene.drop_page_cache:
+                self._drop_page_caches(deployment)
             for member, plan in deployment.members():
                 changes.append(self._apply_member(deployment, member, plan))
         except BaseException as err:
             err.changes = changes  # type: ignore[attr-defined]
             raise
         return changes
+
+    def _drop_page_caches(self, deployment: Deployment) -> None:
+        """Drop each member host's page cache before its runtime starts, so the model loads
+        into memory the runtime can have (a throwaway container of the image, allowed exactly
+        that: CAP_SYS_ADMIN and a writable /proc/sys, not --privileged)."""
+        import docker.errors
+        import requests
+
+        for member, plan in deployment.members():
+            api = self.client(member).api
+            try:
+                # /proc/sys writable: what the CLI's --security-opt systempaths=unconfined does.
+                host_config = api.create_host_config(cap_add=["SYS_ADMIN"], network_mode="none")
+                host_config.update({"MaskedPaths": [], "ReadonlyPaths": []})
+                created = api.create_container(
+                    plan["image"],
+                    ["sh", "-c", "sync && echo 3 > /proc/sys/vm/drop_caches"],
+                    entrypoint=[],
+                    host_config=host_config,
+                )
+                try:
+                    api.start(created["Id"])
+                    code = api.wait(created["Id"], timeout=120)["StatusCode"]
+                    tail = api.logs(created["Id"], tail=3).decode(errors="replace").strip()
+                finally:
+                    api.remove_container(created["Id"], force=True)
+                if code != 0:
+                    raise DeployError(
+                        f"member {member.node}: dropping the page cache on {member.docker}"
+                        f" exited {code}: {tail}"
+                    )
+            except (docker.errors.DockerException, requests.RequestException) as err:
+                raise DeployError(
+                    f"member {member.node}: dropping the page cache on {member.docker}: {err}"
+                ) from None
+            print(f"deploy: page cache dropped on member {member.node}")
 
     def _apply_member(self, deployment: Deployment, member: Member, plan: dict) -> Change:
         import docker.errors
