@@ -3,6 +3,7 @@ the stack's engine, `:stable` in the stack's registry (under a namespace of the 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -446,3 +447,49 @@ def test_a_profile_asking_for_it_gets_each_members_page_cache_dropped_before_app
     lines = result.stdout.splitlines()
     dropped = lines.index("deploy: page cache dropped on member localhost")
     assert dropped < next(i for i, line in enumerate(lines) if "smoke completion" in line)
+
+
+def test_preflight_checks_that_every_member_mounts_the_same_patched_nccl(world, stack, tmp_path):
+    deployed(world)
+    base = records(world)[-1]["deployment"]["documents"][0]
+    libraries = {}
+    for name, content in {
+        "patched": b"\x7fELF... NCCL 2.30 SWITCHLESS_RING_ONLY ...",
+        "rebuilt": b"\x7fELF... NCCL 2.30 SWITCHLESS_RING_ONLY (rebuilt) ...",
+        "stock": b"\x7fELF... NCCL 2.30 ...",
+    }.items():
+        libraries[name] = tmp_path / name / "libnccl.so.2"
+        libraries[name].parent.mkdir()
+        libraries[name].write_bytes(content)
+    overlay = "/usr/local/lib/python3.12/dist-packages/nvidia/nccl/lib/libnccl.so.2"
+
+    def ring(*names: str) -> Deployment:
+        plans = tuple(
+            {
+                **base,
+                "rank": rank,
+                "node": f"spark-{rank + 1}",
+                "mounts": [*base["mounts"], {"source": str(libraries[name]), "target": overlay}],
+            }
+            for rank, name in enumerate(names)
+        )
+        engines = (stack.docker_hosts[0],) * len(names)
+        return Deployment("tp4-ring", "k", plans, base["image"], engines)
+
+    backend = DockerHosts(load_profile("tp4-ring"), (), 10)  # its fabric asks for sparkring
+    try:
+        same = backend.preflight(ring("patched", "patched"), False, 0)
+        mixed = backend.preflight(ring("patched", "rebuilt", "stock"), False, 0)
+    finally:
+        backend.close()
+
+    digest = {n: hashlib.sha256(p.read_bytes()).hexdigest() for n, p in libraries.items()}
+    assert same == []
+    assert mixed == [
+        f"member spark-3: NCCL library {libraries['stock']}: no SWITCHLESS_RING_ONLY in it,"
+        " expected the patched (sparkring) build",
+        f"member spark-2: NCCL library sha256 {digest['rebuilt']}, expected"
+        f" {digest['patched']} (as on spark-1)",
+        f"member spark-3: NCCL library sha256 {digest['stock']}, expected"
+        f" {digest['patched']} (as on spark-1)",
+    ]

@@ -6,47 +6,17 @@ import contextlib
 import functools
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from pipelines.deploy import preflight
 from pipelines.deploy.health import DeployError, wait_until_serving
 from pipelines.deploy.plan import Deployment, Member, one_image, read_documents
+from pipelines.deploy.preflight import member_needs
 from pipelines.deploy.ssh import Tunnel
 from pipelines.profiles import Profile
 
 KEY_LABEL = "dev.sparkforge.deployment"
 PROFILE_LABEL = "dev.sparkforge.profile"
-
-# Run inside the candidate image on each member before anything is touched: the mounted model
-# folder is there, the disk has room, swap is off when the profile asks. One line per problem.
-PREFLIGHT = r"""
-import json, os, sys
-need = json.loads(sys.argv[1])
-found = []
-folder, record = need["models"], need["models"] + ".staged.json"
-if not os.path.isfile(os.path.join(folder, "config.json")):
-    found.append(f"model folder {need['source']}: no config.json (not staged on this host?)")
-elif need["lock_sha256"]:
-    try:
-        staged = json.load(open(record))["lock_sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        staged = None
-    if staged != need["lock_sha256"]:
-        found.append(
-            f"model folder {need['source']}: staged from lock sha256 {staged}, expected"
-            f" {need['lock_sha256']} (stage the profile's lock on this host)"
-        )
-st = os.statvfs(folder) if os.path.isdir(folder) else None
-free = st.f_bavail * st.f_frsize if st else 0
-if free < need["min_free_bytes"]:
-    want = need["min_free_bytes"]
-    found.append(f"free disk under {need['source']}: {free} bytes, expected >= {want}")
-if need["swap_off"]:
-    swaps = open("/proc/swaps").read().splitlines()[1:]
-    if swaps:
-        found.append(f"swap is on ({len(swaps)} devices), expected off")
-print("\n".join(found))
-"""
 
 
 def container_name(profile: str, rank: int) -> str:
@@ -157,27 +127,20 @@ class DockerHosts:
         import docker.errors
         from docker.types import Mount
 
-        found = []
+        ring_only = bool(self.profile.fabric and self.profile.fabric.patched_nccl)
+        found, nccl = [], {}
         for member, plan in deployment.members():
+            needs = member_needs(plan, swap_off, min_free, lock_sha256, ring_only)
             try:
                 client = self.client(member)
                 self._pull(client, member, plan["image"])
-                source = Path(next(m for m in plan["mounts"] if m["target"] == "/models")["source"])
-                need = {
-                    "models": f"/staged/{source.name}",
-                    "source": str(source),
-                    "min_free_bytes": min_free,
-                    "swap_off": swap_off,
-                    "lock_sha256": lock_sha256,
-                }
-                # The folder's parent: the staged folder and the record of its lock beside it.
                 output = client.containers.run(
                     plan["image"],
-                    ["python3", "-c", PREFLIGHT, json.dumps(need)],
+                    ["python3", "-c", preflight.SCRIPT, json.dumps(needs.args)],
                     entrypoint=[],
                     remove=True,
                     network_mode="none",
-                    mounts=[Mount("/staged", str(source.parent), type="bind", read_only=True)],
+                    mounts=[Mount(t, s, type="bind", read_only=True) for t, s in needs.mounts],
                 )
             except DeployError as err:
                 found.append(str(err))
@@ -185,9 +148,11 @@ class DockerHosts:
             except docker.errors.DockerException as err:
                 found.append(f"member {member.node}: preflight on {member.docker}: {err}")
                 continue
-            lines = [line for line in output.decode().splitlines() if line.strip()]
-            found += [f"member {member.node}: {line}" for line in lines]
-        return found
+            problems, nccl_sha = preflight.read_answer(output)
+            found += [f"member {member.node}: {line}" for line in problems]
+            if nccl_sha:
+                nccl[member.node] = nccl_sha
+        return found + preflight.nccl_disagreements(nccl)
 
     def _pull(self, client, member: Member, image: str) -> None:
         """Have the member's engine hold the image (pulled by digest when missing)."""

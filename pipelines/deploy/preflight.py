@@ -1,0 +1,110 @@
+"""Preflight on a Docker host: a throwaway container of the candidate image looks at what the
+member will run on (its staged model folder, disk, swap, the NCCL library it will mount)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# The string a sparkring NCCL build carries (shared/reference: "a qualifying library").
+RING_ONLY_MARK = "SWITCHLESS_RING_ONLY"
+NCCL_NAME = "libnccl.so"
+
+# Runs inside the image (python3 is in every runtime image); prints one JSON object.
+SCRIPT = r"""
+import hashlib, json, os, sys
+need = json.loads(sys.argv[1])
+found = []
+folder, record = need["models"], need["models"] + ".staged.json"
+if not os.path.isfile(os.path.join(folder, "config.json")):
+    found.append(f"model folder {need['source']}: no config.json (not staged on this host?)")
+elif need["lock_sha256"]:
+    try:
+        staged = json.load(open(record))["lock_sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        staged = None
+    if staged != need["lock_sha256"]:
+        found.append(
+            f"model folder {need['source']}: staged from lock sha256 {staged}, expected"
+            f" {need['lock_sha256']} (stage the profile's lock on this host)"
+        )
+st = os.statvfs(folder) if os.path.isdir(folder) else None
+free = st.f_bavail * st.f_frsize if st else 0
+if free < need["min_free_bytes"]:
+    want = need["min_free_bytes"]
+    found.append(f"free disk under {need['source']}: {free} bytes, expected >= {want}")
+if need["swap_off"]:
+    swaps = open("/proc/swaps").read().splitlines()[1:]
+    if swaps:
+        found.append(f"swap is on ({len(swaps)} devices), expected off")
+nccl = None
+if need["nccl"]:
+    try:
+        data = open("/nccl/lib", "rb").read()
+    except OSError as err:
+        found.append(f"NCCL library {need['nccl']}: {err.strerror}")
+    else:
+        nccl = hashlib.sha256(data).hexdigest()
+        if need["ring_only_mark"] and need["ring_only_mark"].encode() not in data:
+            found.append(
+                f"NCCL library {need['nccl']}: no {need['ring_only_mark']} in it, expected the"
+                " patched (sparkring) build"
+            )
+print(json.dumps({"problems": found, "nccl_sha256": nccl}))
+"""
+
+
+@dataclass
+class Needs:
+    """What preflight checks on a member, and the mounts that let the container see it."""
+
+    args: dict[str, Any]
+    mounts: list[tuple[str, str]] = field(default_factory=list)  # (container path, host path)
+
+
+def member_needs(
+    plan: dict[str, Any], swap_off: bool, min_free: int, lock_sha256: str, ring_only: bool
+) -> Needs:
+    """The checks of one launch plan: its model folder (and the record beside it), its NCCL."""
+    source = Path(next(m for m in plan["mounts"] if m["target"] == "/models")["source"])
+    nccl = next(
+        (m["source"] for m in plan["mounts"] if Path(m["target"]).name.startswith(NCCL_NAME)),
+        None,
+    )
+    needs = Needs(
+        {
+            "models": f"/staged/{source.name}",
+            "source": str(source),
+            "min_free_bytes": min_free,
+            "swap_off": swap_off,
+            "lock_sha256": lock_sha256,
+            "nccl": nccl,
+            "ring_only_mark": RING_ONLY_MARK if ring_only and nccl else None,
+        },
+        # The folder's parent: the staged folder and the record of its lock beside it.
+        [("/staged", str(source.parent))],
+    )
+    if nccl:
+        needs.mounts.append(("/nccl/lib", nccl))
+    return needs
+
+
+def read_answer(output: bytes) -> tuple[list[str], str | None]:
+    """(problems, NCCL sha256) from what the preflight container printed."""
+    answer = json.loads(output.decode().strip().splitlines()[-1])
+    return answer["problems"], answer["nccl_sha256"]
+
+
+def nccl_disagreements(hashes: dict[str, str]) -> list[str]:
+    """One line per member whose NCCL library differs from rank 0's (every member must run
+    the same NCCL build, pinned by its file hash)."""
+    if len(set(hashes.values())) <= 1:
+        return []
+    (first, reference), *rest = hashes.items()
+    return [
+        f"member {node}: NCCL library sha256 {digest}, expected {reference} (as on {first})"
+        for node, digest in rest
+        if digest != reference
+    ]
