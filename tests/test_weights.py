@@ -477,6 +477,16 @@ def test_objects_missing_from_the_bucket_fail_one_line_each_and_the_rest_is_fetc
     assert blobs.missing(mixed) == gone
 
 
+def test_a_missing_object_of_many_ranges_fails_in_one_line(s3, synthetic, blobs):
+    source, lock = synthetic
+    gone = lock.entry(BIG).model_copy(update={"name": "gone.safetensors"})
+    missing = Lock(model=lock.model, source=source, files=[gone])
+    # Several ranges in flight when the first fails: theirs are dropped, its error is the line.
+    with pytest.raises(FetchError) as err:
+        fetch(s3, missing, blobs, part_size=1 << 20, ahead=4, workers=4)
+    assert str(err.value) == f"{S3Url.parse(source).key(gone.name)}: S3 said NoSuchKey"
+
+
 class RecordingProgress:
     """A progress display that keeps what it was told (label, totals, bytes per file)."""
 
@@ -675,8 +685,10 @@ def test_a_partial_file_that_is_already_whole_is_stored_without_downloading(s3, 
     data = s3.get_object(Bucket=url.bucket, Key=url.key(entry.name))["Body"].read()
     blobs.partial_file(entry.sha256).write_bytes(data)
     one = Lock(model=lock.model, source=source, files=[entry])
-    report = fetch(s3, one, blobs)
+    RecordingProgress.made.clear()
+    report = fetch_lock(s3, one, blobs, FetchOptions(), progress_factory=RecordingProgress)
     assert (report.fetched, report.downloaded, report.read_back) == ([entry.name], 0, entry.size)
+    assert RecordingProgress.made[0].bytes == {entry.name: entry.size}  # read back, shown
     assert blobs.blob(entry.sha256).read_bytes() == data
 
 
