@@ -167,6 +167,16 @@ def derived_image(world, docker_client, tag: str, cmd: list[str] | None = None) 
     return tag_digest(world, tag)
 
 
+def deploy_variant(world, profile: dict, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """`doit deploy` with the test's profile replaced by profile for this one run."""
+    path = world["profiles"] / f"{world['name']}.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    try:
+        return doit(world, "deploy", *args, **env)
+    finally:
+        path.write_text(yaml.safe_dump(world["profile"]))
+
+
 def deployed(world):
     """The latest deploy, made sure to have served."""
     result = doit(world, "deploy")
@@ -248,11 +258,7 @@ def test_an_unreachable_engine_stops_the_deploy_before_anything_is_touched(world
     before = member(docker_client)
     profile = {**world["profile"]}
     profile["members"] = [{**profile["members"][0], "docker": "unix:///nonexistent/docker.sock"}]
-    (world["profiles"] / f"{NAME}.yaml").write_text(yaml.safe_dump(profile))
-    try:
-        result = doit(world, "deploy")
-    finally:
-        (world["profiles"] / f"{NAME}.yaml").write_text(yaml.safe_dump(world["profile"]))
+    result = deploy_variant(world, profile)
 
     assert result.returncode != 0
     assert (
@@ -300,16 +306,11 @@ def test_a_member_failing_on_one_host_rolls_back_every_member(ring, stack, docke
     changed = {**ring["profile"], "simulator": {**ring["profile"]["simulator"]}}
     new_port = free_ports(2)
     changed["simulator"]["port"] = new_port
-    path = ring["profiles"] / f"{ring['name']}.yaml"
-    path.write_text(yaml.safe_dump(changed))
-    try:
-        # Member 1's host has its new port taken: its server cannot start there.
-        with socket.socket() as taken:
-            taken.bind(("0.0.0.0", new_port + 1))
-            taken.listen()
-            result = doit(ring, "deploy")
-    finally:
-        path.write_text(yaml.safe_dump(ring["profile"]))
+    # Member 1's host has its new port taken: its server cannot start there.
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", new_port + 1))
+        taken.listen()
+        result = deploy_variant(ring, changed)
 
     assert result.returncode != 0
     out = result.stdout + result.stderr
@@ -395,12 +396,7 @@ def test_an_unknown_host_is_one_line_naming_the_member_and_its_url(world, docker
     profile = {**world["profile"]}
     url = "ssh://sparkforge@no-such-host.invalid"
     profile["members"] = [{**profile["members"][0], "docker": url}]
-    path = world["profiles"] / f"{NAME}.yaml"
-    path.write_text(yaml.safe_dump(profile))
-    try:
-        result = doit(world, "deploy")
-    finally:
-        path.write_text(yaml.safe_dump(world["profile"]))
+    result = deploy_variant(world, profile)
 
     assert result.returncode != 0
     out = result.stdout + result.stderr
@@ -436,12 +432,7 @@ def test_a_profile_asking_for_it_gets_each_members_page_cache_dropped_before_app
     profile = {**world["profile"]}
     # swap_off left false: whether this machine swaps is not the test's to decide.
     profile["hygiene"] = {"swap_off": False, "drop_page_cache": True, "min_free_kbytes": 0}
-    path = world["profiles"] / f"{NAME}.yaml"
-    path.write_text(yaml.safe_dump(profile))
-    try:
-        result = doit(world, "deploy")
-    finally:
-        path.write_text(yaml.safe_dump(world["profile"]))
+    result = deploy_variant(world, profile)
 
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()

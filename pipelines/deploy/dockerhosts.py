@@ -171,14 +171,15 @@ class DockerHosts:
     def apply(self, deployment: Deployment) -> list[Change]:
         """Start the deployment's containers; a member already running its key is left alone.
 
-        Returns the changes so far even when interrupted (through DeployError.changes)."""
+        Returns the changes; when interrupted, the exception carries those made so far, the
+        member it stopped in included (`err.changes`)."""
         changes: list[Change] = []
         try:
             hygiene = self.profile.hygiene
             if hygiene and hygiene.drop_page_cache:
                 self._drop_page_caches(deployment)
             for member, plan in deployment.members():
-                changes.append(self._apply_member(deployment, member, plan))
+                self._apply_member(deployment, member, plan, changes)
         except BaseException as err:
             err.changes = changes  # type: ignore[attr-defined]
             raise
@@ -220,7 +221,10 @@ class DockerHosts:
                 ) from None
             print(f"deploy: page cache dropped on member {member.node}")
 
-    def _apply_member(self, deployment: Deployment, member: Member, plan: dict) -> Change:
+    def _apply_member(
+        self, deployment: Deployment, member: Member, plan: dict, changes: list[Change]
+    ) -> None:
+        """Run the plan on one member, recording each step in changes as it happens."""
         import docker.errors
 
         client = self.client(member)
@@ -231,8 +235,10 @@ class DockerHosts:
             and current.labels.get(KEY_LABEL) == deployment.key
             and current.status == "running"
         ):
-            return Change(member, unchanged=True)
+            changes.append(Change(member, unchanged=True))
+            return
         change = Change(member)
+        changes.append(change)
         labels = {KEY_LABEL: deployment.key, PROFILE_LABEL: deployment.profile}
         try:
             self._pull(client, member, plan["image"])
@@ -241,18 +247,17 @@ class DockerHosts:
                 stale = self._find(client, aside)
                 if stale is not None:
                     stale.remove(force=True)
-                current.stop(timeout=10)
+                # Renamed first, so that restore finds it whatever fails after.
                 current.rename(aside)
                 change.kept = aside
+                current.stop(timeout=10)
             container = client.containers.create(
                 plan["image"], name=name, detach=True, **container_options(plan, labels)
             )
             change.started = name
             container.start()
         except docker.errors.DockerException as err:
-            err.changes = [change]  # type: ignore[attr-defined]
             raise DeployError(f"member {member.node}: {member.docker}: {err}") from None
-        return change
 
     def wait(self, deployment: Deployment, served_name: str) -> None:
         """Every member serves the model, or DeployError naming the first that does not."""
