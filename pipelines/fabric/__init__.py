@@ -1,0 +1,1 @@
+"""The fabric stage: an all-reduce across a ring's members, checked against the profile."""

@@ -1,0 +1,178 @@
+"""Fabric check: NCCL logs from two real H200s, hand-cut ring variants, expectations, rendering."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipelines.fabric.expect import (
+    Expectations,
+    FabricError,
+    expectations_for,
+    failures,
+    parse_expectation,
+)
+from pipelines.fabric.nccllog import bus_bandwidth, parse_log
+from pipelines.profiles import load_profile
+
+NCCL = Path(__file__).resolve().parent / "data" / "nccl"
+GIB = 1 << 30
+RING_HCAS = ("rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1")
+# What NCCL 2.28's net_ib prints for a Spark's four RoCE devices (format of `NET/IB : Using`).
+IB_USING = (
+    "spark-1:2201:2240 [0] NCCL INFO NET/IB : Using [0]rocep1s0f0:1/RoCE [1]rocep1s0f1:1/RoCE"
+    " [2]roceP2p1s0f0:1/RoCE [3]roceP2p1s0f1:1/RoCE [RO]; OOB enP7s7:192.168.100.11<0>"
+)
+
+
+def fixture(name: str) -> str:
+    """A raw log taken on the H200 pair (tests/data/nccl/README.md says how)."""
+    return (NCCL / name).read_text()
+
+
+def ib_ring_log(channels_on_socket: int = 0, using: str = IB_USING) -> str:
+    """The real NET/Socket log made to look like a RoCE ring: device list and channels on IB."""
+    lines, socket_left = [], channels_on_socket
+    for line in fixture("nccltests-socket.log").replace("\nvm:", "\nspark-1:").splitlines():
+        if "NET/IB : Using" in line:
+            line = using
+        elif "via NET/Socket/0" in line:
+            if socket_left:
+                socket_left -= 1
+            else:
+                line = line.replace("via NET/Socket/0", "via NET/IB/1/GDRDMA")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def test_the_p2p_log_gives_every_channel_on_p2p_and_the_result_table():
+    log = parse_log(fixture("nccltests-p2p.log"))
+    assert len(log.channels) == 48  # 24 channels, both directions
+    assert log.transports == {"P2P"}
+    assert log.channels[0].via == "P2P/direct pointer"
+    assert [r.size for r in log.results] == [8 * (1 << 20) << i for i in range(8)]
+    assert log.largest.size == GIB
+    assert log.largest.busbw == 328.17  # the slower of out-of-place 328.17 and in-place 328.82
+    assert log.largest.wrong == 0
+    assert log.avg_busbw == 264.732
+    assert log.versions == {"2.28.3+cuda13.0"}
+    assert log.errors == []
+
+
+def test_the_socket_log_gives_every_channel_on_net_socket_device_0():
+    log = parse_log(fixture("nccltests-socket.log"))
+    assert log.transports == {"NET/Socket"}
+    assert {(c.direction, c.net_device) for c in log.channels} == {("send", 0), ("receive", 0)}
+    assert log.largest.busbw == 2.93
+    assert log.networks == {"Socket"}
+    assert log.ib_devices == {"vm": {}}  # `NET/IB : No device found.`, then an empty list
+
+
+def test_the_probe_log_gets_busbw_by_the_nccl_tests_formula():
+    log = parse_log(fixture("torch-p2p.log"))
+    assert log.transports == {"P2P"}
+    assert log.largest.size == GIB
+    assert log.largest.busbw == pytest.approx(326.719)  # two ranks: 2(n-1)/n = 1
+    assert log.versions == {"2.28.9+cuda13.0"}  # torch's own NCCL, not the system's
+    three = parse_log(
+        "allreduce bytes=1073741824 count=268435456 type=float32 ranks=3 time_us=75000.0"
+        " algbw_gbs=14.316 wrong=0"
+    )
+    assert three.largest.busbw == pytest.approx(14.316 * 4 / 3)
+    assert bus_bandwidth(30.0, 4) == pytest.approx(45.0)
+
+
+def test_a_ring_expectation_fails_the_socket_run_naming_net_socket_and_the_busbw():
+    ring = expectations_for(load_profile("tp3-ring"))
+    assert ring == Expectations("NET/IB", 20.88, RING_HCAS)
+    for name, busbw in (("nccltests-socket.log", "2.93"), ("torch-socket.log", "2.85")):
+        lines = failures(parse_log(fixture(name)), ring)
+        [transport] = [line for line in lines if line.startswith("transport:")]
+        assert "8 of 8 channel connections via NET/Socket" in transport
+        assert f"({busbw} GB/s busbw at 1073741824 bytes)" in transport
+        assert "expected every channel via NET/IB" in transport
+        assert (
+            f"busbw: {busbw} GB/s busbw at 1073741824 bytes, expected at least 20.88 GB/s" in lines
+        )
+        assert any(line.startswith("HCA: no NET/IB device list") for line in lines)
+
+
+def test_p2p_at_200_gbs_passes_the_nvlink_runs_and_fails_the_socket_runs():
+    nvlink = parse_expectation("P2P>=200")
+    assert nvlink == Expectations("P2P", 200.0)
+    assert failures(parse_log(fixture("nccltests-p2p.log")), nvlink) == []
+    assert failures(parse_log(fixture("torch-p2p.log")), nvlink) == []
+    lines = failures(parse_log(fixture("nccltests-socket.log")), nvlink)
+    assert lines[-1] == "busbw: 2.93 GB/s busbw at 1073741824 bytes, expected at least 200 GB/s"
+    slower = failures(parse_log(fixture("nccltests-p2p.log")), parse_expectation("P2P>=400"))
+    assert slower == ["busbw: 328.17 GB/s busbw at 1073741824 bytes, expected at least 400 GB/s"]
+
+
+def test_one_channel_on_socket_among_ib_ones_is_named():
+    ring = Expectations("NET/IB", None, RING_HCAS)
+    assert failures(parse_log(ib_ring_log()), ring) == []
+    log = parse_log(ib_ring_log(channels_on_socket=1))
+    assert log.transports == {"NET/IB", "NET/Socket"}
+    assert log.hcas_used() == {"rocep1s0f1"}  # `NET/IB/1` is device [1] of the list
+    [line] = failures(log, ring)
+    assert line.startswith("transport: 1 of 8 channel connections via NET/Socket (2.93 GB/s")
+    assert "via NET/Socket/0; expected every channel via NET/IB" in line
+
+
+def test_an_ncclsystemerror_at_channel_setup_fails_with_its_lines():
+    # A three-rank ring without subnet-aware routing, cut where NCCL connects the first
+    # channel: NCCL's WARN, the error code climbing the stack, torch's exception.
+    text = fixture("nccltests-socket.log").split("Channel 00/0 :")[0].rsplit("\n", 1)[0]
+    text += (
+        "\n[2026-11-30 21:02:11] spark-1:2201:2250 [0] transport/net_ib/connect.cc:512 NCCL WARN"
+        " NET/IB : ibv_modify_qp failed with 110 Connection timed out, on dev rocep1s0f0:1,"
+        " curr state INIT, next state RTR, local GID index 3, local GID ::ffff:10.0.1.1,"
+        " remote GID ::ffff:10.0.3.2\n"
+        "spark-1:2201:2250 [0] NCCL INFO transport/net.cc:889 -> 2\n"
+        "spark-1:2201:2201 [0] NCCL INFO init.cc:1527 -> 2\n"
+        "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3690, unhandled"
+        " system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.28.9\n"
+        "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or"
+        " device error.\n"
+    )
+    log = parse_log(text)
+    assert log.channels == [] and log.results == []
+    assert any("NCCL WARN NET/IB : ibv_modify_qp failed" in e for e in log.errors)
+    assert any(e.startswith("ncclSystemError:") for e in log.errors)
+    lines = failures(log, Expectations("NET/IB", 20.88))
+    assert lines[0].startswith("error: [2026-11-30 21:02:11] spark-1:2201:2250")
+    assert "error: ncclSystemError: System call (e.g. socket, malloc)" in lines[2]
+    assert "busbw: no all-reduce result (the sweep did not run to its end)" in lines
+
+
+def test_the_ring_env_on_a_host_without_roce_fails_with_ncclwarn():
+    log = parse_log(fixture("nccltests-netib-missing.log"))
+    lines = failures(log, expectations_for(load_profile("tp3-ring")))
+    assert lines[0].endswith("NCCL WARN Failed to initialize any NET plugin")
+    assert any("Test NCCL failure" in line for line in lines)
+
+
+def test_a_missing_hca_is_named_with_what_the_host_listed():
+    three = IB_USING.replace(" [3]roceP2p1s0f1:1/RoCE", "")
+    log = parse_log(ib_ring_log(using=three))
+    assert log.ib_devices == {"spark-1": dict(enumerate(RING_HCAS[:3]))}
+    [line] = failures(log, Expectations("NET/IB", None, RING_HCAS))
+    assert line == (
+        "HCA: spark-1 lists rocep1s0f0,rocep1s0f1,roceP2p1s0f0, not roceP2p1s0f1; expected all"
+        " of rocep1s0f0,rocep1s0f1,roceP2p1s0f0,roceP2p1s0f1"
+    )
+
+
+def test_benign_timeout_settings_are_not_errors():
+    log = parse_log(
+        "spark-1:1:1 [0] NCCL INFO NCCL_IB_TIMEOUT set by environment to 22\n"
+        "spark-1:1:1 [0] NCCL INFO Bootstrap timings total 0.001 (create 0.000, send 0.000)\n"
+    )
+    assert log.errors == []
+
+
+@pytest.mark.parametrize("text", ["IB>=20", "P2P>=fast", "NET/IB>=", ""])
+def test_a_malformed_expectation_is_one_line_naming_the_form(text):
+    with pytest.raises(FabricError, match=r"expected TRANSPORT\[>=GBPS\]\[:HCA,...\]"):
+        parse_expectation(text)
