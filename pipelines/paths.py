@@ -10,6 +10,7 @@ IMAGES_DIR = REPO_ROOT / "images"
 RECEIPT = IMAGES_DIR / "receipt.py"
 MANIFESTS_DIR = REPO_ROOT / "manifests"
 SCHEMAS_DIR = MANIFESTS_DIR / "schemas"
+FABRIC_PROBE = MANIFESTS_DIR / "fabric" / "probe.py"  # the fabric check's all-reduce, as source
 LOCKS_DIR = REPO_ROOT / "weights"
 PATCH_SOURCE = REPO_ROOT / "pipelines" / "weights" / "patch.py"
 DEFAULT_STORE = REPO_ROOT / ".store"

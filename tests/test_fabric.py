@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,12 @@ from pipelines.fabric.expect import (
     parse_expectation,
 )
 from pipelines.fabric.nccllog import bus_bandwidth, parse_log
+from pipelines.paths import FABRIC_PROBE, PATCH_SOURCE
 from pipelines.profiles import load_profile
+from pipelines.render import fabric as render_fabric
+from pipelines.render.documents import Document, RenderInputs
+from pipelines.render.validate import validate_documents
+from pipelines.weights.lock import load_lock, lock_path
 
 NCCL = Path(__file__).resolve().parent / "data" / "nccl"
 GIB = 1 << 30
@@ -176,3 +182,140 @@ def test_benign_timeout_settings_are_not_errors():
 def test_a_malformed_expectation_is_one_line_naming_the_form(text):
     with pytest.raises(FabricError, match=r"expected TRANSPORT\[>=GBPS\]\[:HCA,...\]"):
         parse_expectation(text)
+
+
+# --- rendered through the render stage: Jobs (tp3-ring) and launch plans (tp4-ring) ---
+
+VLLM = "ghcr.io/lab/sparkforge/vllm-gb10-dsv41-exl3@sha256:" + "c" * 64
+SGLANG = "ghcr.io/lab/sparkforge/sglang-gb10-dsv41@sha256:" + "d" * 64
+
+
+def rendered(name: str, image: str) -> list[Document]:
+    """A ring's documents as the render step makes them, fabric check included."""
+    profile = load_profile(name)
+    inputs = RenderInputs(
+        load_lock(lock_path(profile.model.lock)),
+        image,
+        PATCH_SOURCE.read_text(),
+        profile.node_weights_root,
+    )
+    render = (
+        render_fabric.render_kubernetes if name == "tp3-ring" else render_fabric.render_dockerhosts
+    )
+    return render(profile, inputs, [])
+
+
+def fabric_only(docs: list[Document]) -> list[Document]:
+    """The fabric check's documents among a render's."""
+    return [d for d in docs if d.file.startswith("fabric-")]
+
+
+def test_tp3_ring_fabric_jobs_run_the_probe_per_member_with_the_service_env_and_pass_validation():
+    docs = rendered("tp3-ring", VLLM)
+    fabric = fabric_only(docs)
+    assert [d.file for d in fabric] == [
+        "fabric-configmap-dsv41-flash-fabric-probe.yaml",
+        *(f"fabric-job-dsv41-flash-fabric-{rank}.yaml" for rank in range(3)),
+    ]
+    assert validate_documents(fabric, secrets=[]) == []
+    assert render_fabric.check_fabric(docs) == []
+    [kustomization] = [d.body for d in docs if d.file == "kustomization.yaml"]
+    assert not any(f.startswith("fabric-") for f in kustomization["resources"])  # deploy skips them
+    [svc] = [d.body for d in docs if d.body.get("kind") == "InferenceService"]
+    service_nccl = {e["name"]: e["value"] for e in svc["spec"]["env"] if "NCCL" in e["name"]}
+    assert FABRIC_PROBE.read_text() == fabric[0].body["data"]["probe.py"]
+    for rank, job in enumerate(d.body for d in fabric[1:]):
+        pod = job["spec"]["template"]["spec"]
+        assert pod["nodeName"] == f"spark-{rank + 1}" and pod["hostNetwork"] is True
+        [container] = pod["containers"]
+        assert container["image"] == VLLM
+        assert container["command"][:2] == ["python3", "/opt/sparkforge/fabric/probe.py"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert {k: v for k, v in env.items() if k in service_nccl} == service_nccl
+        assert env["NCCL_IB_SUBNET_AWARE_ROUTING"] == "1"  # the odd ring's routing
+        assert env["NCCL_IB_HCA"] == ",".join(RING_HCAS)
+        assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
+        assert (env["RANK"], env["WORLD_SIZE"]) == (str(rank), "3")
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("192.168.100.11", "29600")
+        assert "nvidia.com/gpu" not in container["resources"]["limits"]
+
+
+def test_tp4_ring_fabric_plans_are_the_server_plans_running_the_probe():
+    docs = rendered("tp4-ring", SGLANG)
+    fabric = fabric_only(docs)
+    servers = [d for d in docs if d.file.startswith("launch-")]
+    assert [d.file for d in fabric] == [f"fabric-{d.file}" for d in servers]
+    assert render_fabric.check_fabric(docs) == []
+    for server, plan in zip((d.body for d in servers), (d.body for d in fabric), strict=True):
+        assert plan["image"] == SGLANG and plan["network_mode"] == "host"
+        assert {k: plan["env"][k] for k in server["env"]} == server["env"]
+        assert plan["env"]["MASTER_ADDR"] == "192.168.100.21"
+        assert plan["env"]["RANK"] == str(server["rank"])
+        assert [m["target"] for m in plan["mounts"]] == [
+            m["target"] for m in server["mounts"] if m["target"] != "/models"
+        ]
+        assert plan["files"] == {"/opt/sparkforge/fabric/probe.py": FABRIC_PROBE.read_text()}
+
+
+def broken_job(edit) -> list[Document]:
+    """tp3-ring's documents with one edit to the first fabric Job."""
+    docs = copy.deepcopy(rendered("tp3-ring", VLLM))
+    job = next(d for d in docs if d.file.startswith("fabric-job-"))
+    edit(job.body["spec"]["template"]["spec"])
+    return docs
+
+
+def drop_env(name: str):
+    """An edit removing one env variable from a Job's container."""
+
+    def edit(pod: dict) -> None:
+        env = pod["containers"][0]["env"]
+        env[:] = [e for e in env if e["name"] != name]
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("edit", "line"),
+    [
+        (
+            drop_env("NCCL_IB_SUBNET_AWARE_ROUTING"),
+            "spec.template.spec.containers.0.env: NCCL env must be the service's"
+            " (found 'NCCL_IB_SUBNET_AWARE_ROUTING')",
+        ),
+        (
+            lambda pod: pod.pop("hostNetwork"),
+            "spec.template.spec: must run on the host network",
+        ),
+        (
+            lambda pod: pod["containers"][0].update(image=SGLANG),
+            "spec.template.spec.containers.0.image: must be the service's image",
+        ),
+    ],
+)
+def test_a_fabric_job_that_differs_from_its_service_is_refused(edit, line):
+    lines = render_fabric.check_fabric(broken_job(edit))
+    assert len(lines) == 1 and line in lines[0]
+    assert lines[0].startswith("fabric-job-dsv41-flash-fabric-0.yaml: ")
+
+
+def test_a_fabric_job_with_an_unknown_field_is_refused_by_the_kubernetes_schema():
+    docs = broken_job(lambda pod: pod["containers"][0].update(bogus=1))
+    [line] = validate_documents(fabric_only(docs), secrets=[])
+    assert line.startswith("fabric-job-dsv41-flash-fabric-0.yaml: spec.template.spec.containers.0")
+
+
+def test_a_fabric_plan_without_the_servers_nccl_library_is_refused():
+    docs = copy.deepcopy(rendered("tp4-ring", SGLANG))
+    plan = next(d for d in docs if d.file.startswith("fabric-launch-2"))
+    plan.body["mounts"] = []
+    [line] = render_fabric.check_fabric(docs)
+    assert line.startswith("fabric-launch-2-spark-3.yaml: mounts: must mount the server's NCCL")
+
+
+def test_a_fabric_plan_without_nccl_debug_is_refused():
+    docs = copy.deepcopy(rendered("tp4-ring", SGLANG))
+    plan = next(d for d in docs if d.file.startswith("fabric-launch-1"))
+    del plan.body["env"]["NCCL_DEBUG_SUBSYS"]  # the server's plan does not set it
+    [line] = render_fabric.check_fabric(docs)
+    assert line.startswith("fabric-launch-1-spark-2.yaml: env: needs NCCL_DEBUG=INFO NCCL_DEBUG")
