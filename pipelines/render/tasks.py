@@ -9,7 +9,7 @@ from typing import Any
 
 from pipelines.paths import MANIFESTS_DIR
 from pipelines.profiles import Profile, ProfileError
-from pipelines.render import dockerhosts, kubernetes
+from pipelines.render import dockerhosts, fabric
 from pipelines.render.documents import Document, RenderInputs, write_documents
 from pipelines.steps import Engine, Step, StepRun
 from pipelines.weights import ModelOutputs
@@ -18,8 +18,9 @@ Renderer = Callable[[Profile, RenderInputs, list[str]], list[Document]]
 
 # (deploy, runtime) -> renderer; None: the pair deploys without rendered documents (yet).
 RENDERERS: dict[tuple[str, str], Renderer | None] = {
-    ("kubernetes", "vllm"): kubernetes.render,
-    ("docker", "sglang"): dockerhosts.render,
+    # The rings' renderers add the fabric check's documents (render/fabric.py) to the service's.
+    ("kubernetes", "vllm"): fabric.render_kubernetes,
+    ("docker", "sglang"): fabric.render_dockerhosts,
     ("docker", "simulated"): dockerhosts.render_simulated,
 }
 

@@ -1,0 +1,169 @@
+"""The fabric stage as a doit task: run the rendered probe on the ring, check, keep the result."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipelines.deploy import KubeAccess
+from pipelines.fabric.expect import (
+    Expectations,
+    FabricError,
+    expectations_for,
+    failures,
+    parse_expectation,
+)
+from pipelines.fabric.nccllog import NcclLog, add_log
+from pipelines.fabric.records import FAILED, PASSED, write_result
+from pipelines.profiles import Profile
+from pipelines.steps import Engine, Step, side_task
+
+# A 1 GiB sweep at the Socket fallback's ~3 GB/s takes minutes; a hung rendezvous takes forever.
+DEFAULT_TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class FabricSettings:
+    """What the edge tells the fabric stage."""
+
+    docker_hosts: tuple[str, ...]  # the local stack's engines, by member (local_stack)
+    who: str
+    git: Callable[[], str]
+    kube: KubeAccess = KubeAccess()
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    expect: str = ""  # `expect=P2P>=200`: replaces the profile's expectations (a hand check)
+    # (profile, settings) -> launcher; None: the profile's deploy decides (launch.py)
+    launcher: Callable[[Profile, FabricSettings], Any] | None = None
+
+
+def fabric_documents(folder: Path) -> list[dict[str, Any]]:
+    """The fabric documents render wrote (`fabric-*.yaml`), ConfigMap first, then by rank."""
+    docs = []
+    for path in sorted(folder.glob("fabric-*.yaml")):
+        docs += [body for body in yaml.safe_load_all(path.read_text()) if body]
+    return sorted(docs, key=lambda d: (d.get("kind") != "ConfigMap", d.get("rank", 0)))
+
+
+def default_launcher(profile: Profile, settings: FabricSettings):
+    """The launch the runtime uses: Jobs on Kubernetes, containers on Docker hosts."""
+    from pipelines.deploy import DockerHosts
+    from pipelines.fabric.launch import DockerLauncher, KubernetesLauncher
+
+    if profile.deploy == "kubernetes":
+        return KubernetesLauncher(profile, settings.kube)
+    return DockerLauncher(profile, DockerHosts(profile, settings.docker_hosts, settings.timeout_s))
+
+
+def summary(log: NcclLog) -> dict[str, Any]:
+    """What was measured, with stable key names (busbw in GB/s, sizes in bytes)."""
+    counts: dict[str, int] = {}
+    for channel in log.channels:
+        counts[channel.transport] = counts.get(channel.transport, 0) + 1
+    largest = log.largest
+    return {
+        "transports": dict(sorted(counts.items())),
+        "largest": asdict(largest) if largest else None,
+        "results": [asdict(r) for r in log.results],
+        "avg_busbw": log.avg_busbw,
+        "hcas_listed": {h: sorted(d.values()) for h, d in sorted(log.ib_devices.items())},
+        "hcas_used": sorted(log.hcas_used()),
+        "nccl_versions": sorted(log.versions),
+        "errors": log.errors[:20],
+    }
+
+
+class Fabric:
+    """The fabric check of one ring profile; publishes its results in the store (records.py)."""
+
+    name = "fabric"
+
+    def __init__(self, profile: Profile, engine: Engine, render: Step, settings: FabricSettings):
+        self.profile = profile
+        self.engine = engine
+        self.render = render
+        self.settings = settings
+
+    def expectations(self) -> Expectations:
+        """The hand-given expectation, else the profile's."""
+        if self.settings.expect:
+            return parse_expectation(self.settings.expect)
+        return expectations_for(self.profile)
+
+    def check(self) -> Path:
+        """Run, parse, check, keep one result; FabricError with one line per failure."""
+        expect = self.expectations()
+        key = self.engine.key(self.render)
+        docs = fabric_documents(self.engine.output(self.render))
+        if not docs:
+            raise FabricError(
+                f"profile {self.profile.name}: render wrote no fabric-*.yaml documents; expected"
+                " the fabric check's Jobs or launch plans"
+            )
+        launcher = (self.settings.launcher or default_launcher)(self.profile, self.settings)
+        started = time.time()
+        try:
+            runs = launcher.run(docs, self.settings.timeout_s)
+        finally:
+            getattr(launcher, "close", lambda: None)()
+        log = NcclLog()
+        for run in runs:
+            add_log(log, run.log, run.node)
+        lines = failures(log, expect)
+        for run in runs:
+            if run.status is None:
+                lines.append(f"member {run.node}: did not finish in {self.settings.timeout_s:g} s")
+            elif run.status != 0:
+                lines.append(f"member {run.node}: the probe exited with status {run.status}")
+        images = sorted({d.get("image") or image_of(d) for d in docs} - {None})
+        result = {
+            "profile": self.profile.name,
+            "outcome": FAILED if lines else PASSED,
+            "image": images[0] if len(images) == 1 else images,
+            "render_key": key,
+            "members": [
+                {"rank": r.rank, "node": r.node, "status": r.status, "address": address(self, r)}
+                for r in runs
+            ],
+            "expectations": asdict(expect),
+            "measured": summary(log),
+            "failures": lines,
+            "git": self.settings.git(),
+            "who": self.settings.who,
+            "started": started,
+            "finished": time.time(),
+        }
+        path = write_result(self.engine.store, result, {r.rank: r.log for r in runs})
+        largest = log.largest
+        measured = f"{largest.busbw:.2f} GB/s at {largest.size} bytes" if largest else "no busbw"
+        transports = ", ".join(f"{k} x{v}" for k, v in result["measured"]["transports"].items())
+        print(f"fabric: {self.profile.name}: {transports or 'no channels'}; {measured}")
+        print(f"fabric: result {path}")
+        if lines:
+            raise FabricError("\n".join(f"fabric: {line}" for line in lines))
+        print(f"fabric: {self.profile.name}: passed ({expect.transport})")
+        return path
+
+    def tasks(self) -> Iterator[dict[str, Any]]:
+        """fabric: the all-reduce on the ring, after render (the deployment must be up)."""
+        yield side_task(
+            "fabric",
+            "all-reduce across the ring as the runtime launches it; check transport, busbw, HCAs",
+            self.check,
+            deps=["render"],
+        )
+
+
+def image_of(doc: dict[str, Any]) -> str | None:
+    """The image of a Job document."""
+    containers = doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+    return containers[0].get("image") if containers else None
+
+
+def address(stage: Fabric, run) -> str:
+    """The management address of a member, from the profile."""
+    return str(stage.profile.members[run.rank].address)
