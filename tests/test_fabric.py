@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
+import time
 from pathlib import Path
 
 import pytest
 
+from pipelines.fabric import Fabric, FabricSettings, fabric_refusal, fabric_verdict
 from pipelines.fabric.expect import (
     Expectations,
     FabricError,
@@ -14,15 +18,21 @@ from pipelines.fabric.expect import (
     failures,
     parse_expectation,
 )
+from pipelines.fabric.launch import MemberRun
 from pipelines.fabric.nccllog import bus_bandwidth, parse_log
 from pipelines.paths import FABRIC_PROBE, PATCH_SOURCE
 from pipelines.profiles import load_profile
+from pipelines.render import Render
 from pipelines.render import fabric as render_fabric
 from pipelines.render.documents import Document, RenderInputs
 from pipelines.render.validate import validate_documents
+from pipelines.steps import Engine
+from pipelines.store import Store
+from pipelines.weights import Weights, WeightsSettings
 from pipelines.weights.lock import load_lock, lock_path
 
-NCCL = Path(__file__).resolve().parent / "data" / "nccl"
+REPO = Path(__file__).resolve().parent.parent
+NCCL = REPO / "tests" / "data" / "nccl"
 GIB = 1 << 30
 RING_HCAS = ("rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1")
 # What NCCL 2.28's net_ib prints for a Spark's four RoCE devices (format of `NET/IB : Using`).
@@ -319,3 +329,93 @@ def test_a_fabric_plan_without_nccl_debug_is_refused():
     del plan.body["env"]["NCCL_DEBUG_SUBSYS"]  # the server's plan does not set it
     [line] = render_fabric.check_fabric(docs)
     assert line.startswith("fabric-launch-1-spark-2.yaml: env: needs NCCL_DEBUG=INFO NCCL_DEBUG")
+
+
+# --- the stage: one result with provenance, one line per failure, the bench's verdict ---
+
+
+class Replay:
+    """A launcher that replays real logs for each rendered member (the ring is not here)."""
+
+    def __init__(self, log: str, status: int | None = 0):
+        self.log, self.status, self.docs = log, status, []
+
+    def run(self, docs, timeout_s):
+        self.docs = docs
+        members = [d for d in docs if d.get("kind") != "ConfigMap"]
+        return [
+            MemberRun(rank, doc.get("node", f"spark-{rank + 1}"), self.status, self.log)
+            for rank, doc in enumerate(members)
+        ]
+
+
+def fabric_stage(tmp_path: Path, name: str, replay: Replay, expect: str = "") -> Fabric:
+    """The fabric stage of a ring profile as dodo wires it, its members replayed."""
+    profile = load_profile(name)
+    engine = Engine(Store(tmp_path / "store"), root=REPO)
+    weights = Weights(profile, engine, WeightsSettings(tmp_path / "store" / "weights"))
+    image = SGLANG if name == "tp4-ring" else VLLM
+    render = Render(profile, engine, weights.outputs, lambda: image, [])
+    engine.run(render.step)
+    settings = FabricSettings((), "tester", lambda: "abc123", expect=expect)
+    settings = dataclasses.replace(settings, launcher=lambda profile, settings: replay)
+    return Fabric(profile, engine, render.step, settings)
+
+
+def test_a_socket_fallback_fails_the_check_in_lines_and_keeps_one_result_with_provenance(
+    tmp_path,
+):
+    replay = Replay(fixture("nccltests-socket.log"))
+    stage = fabric_stage(tmp_path, "tp4-ring", replay)
+    with pytest.raises(FabricError) as failed:
+        stage.check()
+    lines = str(failed.value).splitlines()
+    assert lines[0].startswith("fabric: transport: 32 of 32 channel connections via NET/Socket")
+    assert "(2.93 GB/s busbw at 1073741824 bytes)" in lines[0]
+    assert [d["rank"] for d in replay.docs] == [0, 1, 2, 3]  # the four rendered launch plans
+    assert all(d["command"][1] == "/opt/sparkforge/fabric/probe.py" for d in replay.docs)
+    [path] = (tmp_path / "store" / "fabric" / "tp4-ring").glob("*.json")
+    result = json.loads(path.read_text())
+    assert result["outcome"] == "failed"
+    assert result["failures"] == [line.removeprefix("fabric: ") for line in lines]
+    assert result["image"] == SGLANG
+    assert result["render_key"] == stage.engine.key(stage.render)
+    assert [(m["rank"], m["node"], m["address"]) for m in result["members"]] == [
+        (r, f"spark-{r + 1}", f"192.168.100.2{r + 1}") for r in range(4)
+    ]
+    assert result["measured"]["transports"] == {"NET/Socket": 32}
+    assert result["measured"]["largest"]["busbw"] == 2.93
+    assert result["expectations"]["transport"] == "NET/IB"
+    assert len(list(path.parent.glob(f"{path.stem}-*.log"))) == 4  # each member's raw log
+    verdict = fabric_verdict(stage.engine.store, "tp4-ring")
+    assert verdict.passed is False and verdict.when is not None
+    assert "failed: transport: 32 of 32" in fabric_refusal(stage.engine.store, "tp4-ring")
+
+
+def test_a_passing_check_lets_the_bench_start_until_a_newer_deployment(tmp_path):
+    stage = fabric_stage(tmp_path, "tp3-ring", Replay(fixture("torch-p2p.log")), "P2P>=200")
+    assert fabric_verdict(stage.engine.store, "tp3-ring") == (False, None)
+    stage.check()
+    passed, when = fabric_verdict(stage.engine.store, "tp3-ring")
+    assert passed is True and when is not None
+    deployments = stage.engine.store.area("deployments") / "tp3-ring"
+    deployments.mkdir(parents=True)
+    record = {"outcome": "deployed", "deployment": {"key": stage.engine.key(stage.render)}}
+    (deployments / f"{time.time_ns()}.json").write_text(json.dumps(record))
+    passed, _ = fabric_verdict(stage.engine.store, "tp3-ring")
+    assert passed is False
+    assert "is older than the deployment" in fabric_refusal(stage.engine.store, "tp3-ring")
+    stage.check()
+    assert fabric_verdict(stage.engine.store, "tp3-ring").passed is True
+    other = {"outcome": "deployed", "deployment": {"key": "f" * 64}}
+    (deployments / f"{time.time_ns() - 10**9}.json").write_text(json.dumps(other))
+    assert fabric_verdict(stage.engine.store, "tp3-ring").passed is True  # older, not newest
+    (deployments / f"{time.time_ns()}.json").write_text(json.dumps({"outcome": "rolled back"}))
+    assert fabric_verdict(stage.engine.store, "tp3-ring").passed is True  # not a live one
+
+
+def test_a_member_that_does_not_finish_is_a_failure_line(tmp_path):
+    replay = Replay(fixture("torch-p2p.log"), status=None)
+    stage = fabric_stage(tmp_path, "tp3-ring", replay, "P2P>=200")
+    with pytest.raises(FabricError, match="fabric: member spark-2: did not finish in 900 s"):
+        stage.check()
