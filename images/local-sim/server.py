@@ -446,10 +446,10 @@ class Engine:
         """Wait for a running slot, first come first served; True when it had to wait."""
         ticket = object()
         with self.cond:
+            # It waits for a slot only when running and queued-before-it fill them all.
+            waited = self.running + len(self.queue) >= self.settings.max_running
             self.queue.append(ticket)
-            waited = False
             while self.queue[0] is not ticket or self.running >= self.settings.max_running:
-                waited = True
                 self.cond.wait()
             self.queue.popleft()
             self.running += 1
@@ -913,6 +913,8 @@ def main(argv: list[str]) -> None:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         sys.exit(f"simulator: model folder {settings.model_dir} incomplete: {missing[0]}{more}")
     Handler.engine = Engine(settings)
+    # A thread whose token is due must not wait 5 ms (the default) for another's GIL slice.
+    sys.setswitchinterval(0.0005)
     server = Server((settings.host, settings.port), Handler)
     print(
         f"simulator: serving {settings.served_name} from {settings.model_dir} on"
