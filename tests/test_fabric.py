@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import io
 import json
+import tarfile
 import time
 from pathlib import Path
 
 import pytest
 
+import devstack as local_stack
+from pipelines.deploy import DockerHosts, Member
 from pipelines.fabric import Fabric, FabricSettings, fabric_refusal, fabric_verdict
 from pipelines.fabric.expect import (
     Expectations,
@@ -18,7 +22,7 @@ from pipelines.fabric.expect import (
     failures,
     parse_expectation,
 )
-from pipelines.fabric.launch import MemberRun
+from pipelines.fabric.launch import DockerLauncher, MemberRun
 from pipelines.fabric.nccllog import bus_bandwidth, parse_log
 from pipelines.paths import FABRIC_PROBE, PATCH_SOURCE
 from pipelines.profiles import load_profile
@@ -419,3 +423,66 @@ def test_a_member_that_does_not_finish_is_a_failure_line(tmp_path):
     stage = fabric_stage(tmp_path, "tp3-ring", replay, "P2P>=200")
     with pytest.raises(FabricError, match="fabric: member spark-2: did not finish in 900 s"):
         stage.check()
+
+
+# --- the Docker launcher on the local stack's two engines (one over ssh://) ---
+
+
+LABELLED = {"label": "dev.sparkforge.fabric"}
+
+
+def busybox_image(client, tag: str) -> str:
+    """A one-binary image (a static busybox) built on an engine; returns its tag."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        dockerfile = b"FROM scratch\nCOPY busybox /bin/busybox\n"
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        tar.addfile(info, io.BytesIO(dockerfile))
+        tar.add("/bin/busybox", "busybox")
+    buffer.seek(0)
+    client.images.build(fileobj=buffer, custom_context=True, tag=tag, rm=True)
+    return tag
+
+
+def test_the_docker_launcher_runs_a_container_per_member_on_each_engine_then_removes_them(stack):
+    local_stack.export_ssh_environment()
+    profile = load_profile("local-ring")
+    engines = DockerHosts(profile, stack.docker_hosts, 60)
+    launcher = DockerLauncher(profile, engines)
+    tag = "sparkforge-test/fabric-busybox:1"
+    clients = [
+        engines.client(Member(rank, m.node, url))
+        for rank, (m, url) in enumerate(zip(profile.members, engines.engines(), strict=True))
+    ]
+    for client in clients:
+        busybox_image(client, tag)
+    script = "echo rank=$RANK; /bin/busybox cat /opt/sparkforge/fabric/run.log; exit $CODE"
+    plans = [
+        {
+            "rank": rank,
+            "node": member.node,
+            "image": tag,
+            "network_mode": "host",
+            "env": {"RANK": str(rank), "CODE": str(3 * rank)},
+            "command": ["/bin/busybox", "sh", "-c", script],
+            "files": {
+                "/opt/sparkforge/fabric/probe.py": "# the probe\n",
+                "/opt/sparkforge/fabric/run.log": fixture("torch-socket.log"),
+            },
+        }
+        for rank, member in enumerate(profile.members)
+    ]
+    try:
+        runs = launcher.run(plans, 60)
+        left = [x.name for cl in clients for x in cl.containers.list(all=True, filters=LABELLED)]
+    finally:
+        launcher.close()
+    assert left == []
+    assert [(r.rank, r.node, r.status) for r in runs] == [
+        (0, profile.members[0].node, 0),
+        (1, profile.members[1].node, 3),
+    ]
+    assert runs[1].log.startswith("rank=1\n")
+    log = parse_log(runs[0].log)
+    assert log.transports == {"NET/Socket"} and log.largest.busbw == pytest.approx(2.854)
