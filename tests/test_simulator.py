@@ -192,6 +192,8 @@ def test_models_health_and_errors_look_like_vllm(start) -> None:
     over = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}
     assert requests.post(url, json=over, timeout=5).status_code == 400
     assert requests.post(url, data=b"{not json", timeout=5).status_code == 400
+    unstreamed = {**over, "max_tokens": 2, "stream_options": {"include_usage": True}}
+    assert requests.post(url, json=unstreamed, timeout=5).status_code == 400
     other = {"model": "nope", "messages": [{"role": "user", "content": "hi"}]}
     assert requests.post(url, json=other, timeout=5).status_code == 404
 
@@ -434,3 +436,4 @@ def test_client_gone_mid_stream_frees_its_slot(start) -> None:
     assert metrics(sim)["vllm:num_requests_running"] == 0.0
     assert truth(sim)[-1]["status"] == "aborted"
     assert chat(sim, "next", max_tokens=2)["usage"]["completion_tokens"] == 2
+

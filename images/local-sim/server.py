@@ -38,7 +38,12 @@ running count when that token's time is set. Deadlines are absolute (time.monoto
 sleep jitter does not accumulate. The first token chunk carries one token (prefill makes
 one); later chunks carry SIM_TOKENS_PER_CHUNK tokens (the last may carry fewer), written at
 the deadline of their last token. SIM_EMPTY_CHUNKS=1 adds a content-less chunk half a token
-after each token chunk but the last. The role-only first chunk is written at admission.
+after each token chunk but the last. The role-only first chunk is written at admission, before
+the first token (current vLLM writes it with the first token chunk; early here, so a client
+that times the role chunk as the first token is wrong by the whole TTFT).
+"Admission" is the receipt itself when a slot is free. /metrics observes TTFT from receipt,
+one inter-token latency per token chunk (per engine step, as vLLM does), and per request
+(last token - first token) / (tokens - 1) as vllm:request_time_per_output_token_seconds.
 
 Truth: GET /sim/requests lists, per request (newest last, at most 10000), the wall-clock
 times (time.time(), taken when the bytes were flushed to the socket) of receipt, admission,
@@ -661,6 +666,8 @@ class Handler(BaseHTTPRequestHandler):
         model = body.get("model")
         if model not in (None, s.served_name):
             raise BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError")
+        if body.get("stream_options") and not flag(body.get("stream")):
+            raise BadRequest("Stream options can only be defined when `stream=True`.")
         if (body.get("n") or 1) != 1:
             raise BadRequest("the simulator serves n=1 only")
         if kind == "chat":
