@@ -7,10 +7,7 @@ stages meet only through what each publishes (a lock, an image reference, a mani
 import os
 import sys
 
-# pydantic scans every installed distribution for plugins on first use (~35 ms); we have none.
-os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-
-from doit import get_var  # noqa: E402
+from doit import get_var
 
 from pipelines.deploy import Deploy, DeploySettings, KubeAccess  # noqa: E402
 from pipelines.deploy.records import who_ran  # noqa: E402

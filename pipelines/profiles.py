@@ -2,30 +2,31 @@
 
 from __future__ import annotations
 
-from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from msgspec import Meta
 
 from pipelines.errors import PipelineError
 from pipelines.paths import PROFILES_DIR
 from pipelines.schema import Strict, load_yaml_model
 
-Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$", max_length=63)]
-Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-Count = Annotated[int, Field(ge=1)]  # sizes and counts: at least one
+Name = Annotated[str, Meta(pattern=r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$", max_length=63)]
+Sha256 = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")]
+Count = Annotated[int, Meta(ge=1)]  # sizes and counts: at least one
+Octet = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+IPv4 = Annotated[str, Meta(pattern=rf"^({Octet}\.){{3}}{Octet}$")]
 
 
 class ProfileError(PipelineError):
     """A profile that cannot be used, said in one line naming file and field."""
 
 
-class Model(Strict):
+class Model(Strict, kw_only=True):
     """The checkpoint: where it comes from and how it is served."""
 
     lock: Name
-    source: Annotated[str, Field(pattern=r"^s3://[^/]+/.+")]
+    source: Annotated[str, Meta(pattern=r"^s3://[^/]+/.+")]
     served_name: str
     format: Literal["safetensors"]
     quantization: str
@@ -44,28 +45,28 @@ class Resources(Strict):
     """What each member asks of its node."""
 
     gpu: Count
-    memory: Annotated[str, Field(pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")]
-    cpu: Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+|m)?$")]
+    memory: Annotated[str, Meta(pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")]
+    cpu: Annotated[str, Meta(pattern=r"^[0-9]+(\.[0-9]+|m)?$")]
 
 
-class Member(Strict):
+class Member(Strict, kw_only=True):
     """One ring member, in rank order: its node, management plane and model cache claim."""
 
     node: Name
-    address: IPv4Address
+    address: IPv4
     socket_interface: str
     claim: Name | None = None
     # The Docker engine of the member's host (docker deploys): unix:///..., ssh://user@host.
-    docker: Annotated[str, Field(pattern=r"^(unix|ssh|tcp)://\S+$")] | None = None
+    docker: Annotated[str, Meta(pattern=r"^(unix|ssh|tcp)://\S+$")] | None = None
 
 
-class Fabric(Strict):
+class Fabric(Strict, kw_only=True):
     """The RoCE data plane of a switchless ring."""
 
-    ib_hca: Annotated[list[str], Field(min_length=1)]
+    ib_hca: Annotated[list[str], Meta(min_length=1)]
     rdma_resource: str
-    ib_gid_index: Annotated[int, Field(ge=0)]
-    rendezvous_port: Annotated[int, Field(ge=1, le=65535)] = 29500
+    ib_gid_index: Annotated[int, Meta(ge=0)]
+    rendezvous_port: Annotated[int, Meta(ge=1, le=65535)] = 29500
     mtu: Literal[1500, 9000]
     patched_nccl: bool
 
@@ -78,31 +79,31 @@ class NcclOverlay(Strict):
     sha256: Sha256 | None = None
 
 
-class Kubernetes(Strict):
+class Kubernetes(Strict, kw_only=True):
     """Where a Kubernetes deployment lives: namespace and each member's local model cache."""
 
     namespace: Name
     node_cache_path: str
-    cache_size: Annotated[str, Field(pattern=r"^[0-9]+(Gi|Ti)$")]
+    cache_size: Annotated[str, Meta(pattern=r"^[0-9]+(Gi|Ti)$")]
     storage_class: Name
     service_name: Name
     # Every JIT/compile cache on one hostPath per node (mounted at /cache), so a reboot does not
     # recompile; /dev/shm as a memory emptyDir for NCCL and vLLM workers (the default is 64 MiB).
     node_jit_cache_path: str = "/var/lib/sparkforge/jit-cache"
-    shm_size: Annotated[str, Field(pattern=r"^[0-9]+(Mi|Gi)$")] = "8Gi"
+    shm_size: Annotated[str, Meta(pattern=r"^[0-9]+(Mi|Gi)$")] = "8Gi"
 
 
 class Speculative(Strict):
     """DSpark speculative decoding."""
 
     method: Literal["dspark"]
-    num_speculative_tokens: Annotated[int, Field(ge=1, le=8)]
+    num_speculative_tokens: Annotated[int, Meta(ge=1, le=8)]
 
 
-class Vllm(Strict):
+class Vllm(Strict, kw_only=True):
     """vLLM engine settings."""
 
-    gpu_memory_utilization: Annotated[float, Field(ge=0.1, le=0.99)]
+    gpu_memory_utilization: Annotated[float, Meta(ge=0.1, le=0.99)]
     max_model_len: Count
     max_num_seqs: Count
     max_num_batched_tokens: Count
@@ -111,26 +112,33 @@ class Vllm(Strict):
     extra_args: list[str] = []
 
 
-class Sglang(Strict):
+class Sglang(Strict, kw_only=True):
     """SGLang engine settings."""
 
     context_length: Count
     max_running_requests: Count
     max_total_tokens: Count
-    mem_fraction_static: Annotated[float, Field(gt=0, lt=1)]
+    mem_fraction_static: Annotated[float, Meta(gt=0, lt=1)]
     chunked_prefill_size: Count
     speculative: Speculative | None = None
     nccl_overlay: NcclOverlay | None = None
 
 
-class Simulator(Strict):
+class Simulator(Strict, kw_only=True):
     """The simulated runtime of the local profile: test equipment with configurable timing."""
 
-    port: Annotated[int, Field(ge=1, le=65535)]
+    port: Annotated[int, Meta(ge=1, le=65535)]
     max_model_len: Count
     max_running_requests: Count
-    ttft_s: Annotated[float, Field(ge=0)]
-    decode_tok_s: Annotated[float, Field(gt=0)]
+    ttft_s: Annotated[float, Meta(ge=0)]
+    decode_tok_s: Annotated[float, Meta(gt=0)]
+    # TTFT = ttft_s + prompt tokens / prefill_tok_s; one stream's decode rate with c running is
+    # decode_tok_s / c ** decode_falloff; tokens_per_chunk > 1 streams as speculative decoding
+    # does; empty_chunks puts a content-less chunk between token chunks.
+    prefill_tok_s: Annotated[float, Meta(gt=0)] = 20000.0
+    decode_falloff: Annotated[float, Meta(ge=0)] = 0.0
+    tokens_per_chunk: Count = 1
+    empty_chunks: bool = False
 
 
 class Hygiene(Strict):
@@ -138,10 +146,10 @@ class Hygiene(Strict):
 
     swap_off: bool
     drop_page_cache: bool
-    min_free_kbytes: Annotated[int, Field(ge=0)]
+    min_free_kbytes: Annotated[int, Meta(ge=0)]
 
 
-class Profile(Strict):
+class Profile(Strict, kw_only=True):
     """A whole profile: model, image, runtime, members and how they are deployed."""
 
     name: Name
@@ -151,14 +159,12 @@ class Profile(Strict):
     local_stack: bool = False
     # Where ring nodes keep blobs and staged models (SPARKFORGE_WEIGHTS when they run the fetch).
     node_weights_root: str = "/var/lib/sparkforge/weights"
-    registry: Annotated[str, Field(pattern=r"^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*$")] | None = (
-        None
-    )
+    registry: Annotated[str, Meta(pattern=r"^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*$")] | None = None
     image: Name
     model: Model
     parallel: Parallel
     resources: Resources
-    members: Annotated[list[Member], Field(min_length=1, max_length=64)]
+    members: Annotated[list[Member], Meta(min_length=1, max_length=64)]
     fabric: Fabric | None = None
     kubernetes: Kubernetes | None = None
     hygiene: Hygiene | None = None
@@ -167,8 +173,15 @@ class Profile(Strict):
     sglang: Sglang | None = None
     simulator: Simulator | None = None
 
-    @model_validator(mode="after")
-    def runtime_has_its_settings(self) -> Profile:
+    def __post_init__(self) -> None:
+        """The rules across sections, each naming its field."""
+        self.runtime_has_its_settings()
+        self.images_have_a_registry()
+        self.docker_members_have_engines()
+        self.ring_is_consistent()
+        self.attention_divides()
+
+    def runtime_has_its_settings(self) -> None:
         """The section named by runtime is present, and no other engine's section."""
         engines = {"vllm": self.vllm, "sglang": self.sglang, "simulated": self.simulator}
         section = "simulator" if self.runtime == "simulated" else self.runtime
@@ -177,17 +190,13 @@ class Profile(Strict):
         extra = [k for k, v in engines.items() if v is not None and k != self.runtime]
         if extra:
             raise ValueError(f"field {extra[0]!r}: does not apply to runtime {self.runtime!r}")
-        return self
 
-    @model_validator(mode="after")
-    def images_have_a_registry(self) -> Profile:
+    def images_have_a_registry(self) -> None:
         """Images go to the local stack's registry or to the one the profile names."""
         if not self.local_stack and not self.registry:
             raise ValueError("field 'registry': required unless local_stack is true")
-        return self
 
-    @model_validator(mode="after")
-    def docker_members_have_engines(self) -> Profile:
+    def docker_members_have_engines(self) -> None:
         """Docker deploys reach each member's engine by URL (local_stack: the stack's engine)."""
         if self.deploy == "docker" and not self.local_stack:
             for rank, member in enumerate(self.members):
@@ -196,10 +205,8 @@ class Profile(Strict):
                         f"field 'members.{rank}.docker': required for deploy docker"
                         " (the member's Docker URL, e.g. ssh://user@host)"
                     )
-        return self
 
-    @model_validator(mode="after")
-    def ring_is_consistent(self) -> Profile:
+    def ring_is_consistent(self) -> None:
         """Parallelism covers the ring exactly, and a multi-node ring has a fabric."""
         gpus = len(self.members) * self.resources.gpu
         if self.parallel.tensor * self.parallel.pipeline != gpus:
@@ -223,10 +230,8 @@ class Profile(Strict):
             for i, member in enumerate(self.members):
                 if not member.claim:
                     raise ValueError(f"field 'members.{i}.claim': required by deploy 'kubernetes'")
-        return self
 
-    @model_validator(mode="after")
-    def attention_divides(self) -> Profile:
+    def attention_divides(self) -> None:
         """Heads and o_groups divide by the tensor size, padded (72/9) only where needed."""
         tp = self.parallel.tensor
         if self.model.config_patch == "tp3-heads" and (72 % tp or 9 % tp):
@@ -246,7 +251,6 @@ class Profile(Strict):
                         f"field 'vllm.extra_args': {arg.split('=')[0]} must not be used (the"
                         " checkpoint declares its quantization; padding is a config patch)"
                     )
-        return self
 
 
 def profile_path(name: str, folder: Path = PROFILES_DIR) -> Path:
@@ -259,7 +263,7 @@ def available_profiles(folder: Path = PROFILES_DIR) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml"))
 
 
-def load_profile(name: str, folder: Path = PROFILES_DIR) -> Profile:
+def load_profile(name: str, folder: Path = PROFILES_DIR) -> None:
     """Read and validate one profile, or raise ProfileError with one line."""
     path = profile_path(name, folder)
     if not path.is_file():
@@ -268,7 +272,7 @@ def load_profile(name: str, folder: Path = PROFILES_DIR) -> Profile:
     return parse_profile(path)
 
 
-def parse_profile(path: Path) -> Profile:
+def parse_profile(path: Path) -> None:
     """Validate the YAML file at path as a profile."""
     profile = load_yaml_model(path, Profile, ProfileError)
     if profile.name != path.stem:

@@ -17,7 +17,6 @@ from conftest import delete_repository
 import devstack as local_stack
 from pipelines.images import Images, ImageSettings
 from pipelines.images.build import (
-    RECEIPT,
     build_image,
     buildx_available,
     buildx_command,
@@ -26,7 +25,9 @@ from pipelines.images.build import (
 from pipelines.images.dockerfile import check_contents, check_froms
 from pipelines.images.registry import Registry, RegistryCache
 from pipelines.images.spec import ImageError, load_image
+from pipelines.paths import RECEIPT
 from pipelines.profiles import load_profile
+from pipelines.schema import replace
 from pipelines.settings import read_settings
 from pipelines.steps import Engine
 from pipelines.store import Store
@@ -115,7 +116,7 @@ def test_unpinned_from_is_refused_with_file_line_and_expectation(tmp_path):
 
 def gb10_images(name: str, registry: str, store: Path) -> Images:
     """The images stage of a ring profile running the image `name`, pushing to registry."""
-    profile = load_profile("tp3-ring").model_copy(update={"image": name})
+    profile = replace(load_profile("tp3-ring"), image=name)
     return Images(profile, Engine(Store(store)), ImageSettings(registry))
 
 
@@ -162,7 +163,7 @@ def test_local_sim_is_built_once_per_key_and_a_changed_byte_rebuilds(
     assert f"image: built {key[:16]} in registry" in capsys.readouterr().out
     digest = registry.manifest_digest(repository, RegistryCache.key_tag(key))
     assert digest is not None
-    (candidate,) = images.image_step.cache.extra_tags  # the checkout's commit, as CI tags
+    (candidate,) = images.image_step.cache.extra_tags()  # the checkout's commit, as CI tags
     assert re.fullmatch(r"candidate-[0-9a-f]{12}", candidate)
     assert registry.manifest_digest(repository, candidate) is not None
     assert images.image_ref() == f"{stack.registry}/{repository}@{digest}"
@@ -181,7 +182,7 @@ def test_local_sim_is_built_once_per_key_and_a_changed_byte_rebuilds(
     assert registry_writes(stack_dir) == writes  # no push
 
     server = sim_copy / "server.py"
-    server.write_bytes(server.read_bytes().replace(b"Test equipment", b"Test Equipment"))
+    server.write_bytes(server.read_bytes() + b"# one byte more\n")
     engine = Engine(store)
     changed = ImagesOf(sim_copy, engine, copies)
     changed_key = engine.key(changed.image_step)

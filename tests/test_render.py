@@ -26,6 +26,7 @@ from pipelines.render.validate import (
     validate_documents,
     violation,
 )
+from pipelines.schema import replace
 from pipelines.steps import Engine
 from pipelines.store import Store
 from pipelines.weights import Weights, WeightsSettings
@@ -211,9 +212,7 @@ def test_rendering_twice_is_byte_identical_and_one_change_touches_only_its_docum
     profile = load_profile("tp3-ring")
     outputs = []
     for n, value in enumerate((0.78, 0.78, 0.8)):
-        changed = profile.model_copy(
-            update={"vllm": profile.vllm.model_copy(update={"gpu_memory_utilization": value})}
-        )
+        changed = replace(profile, vllm=replace(profile.vllm, gpu_memory_utilization=value))
         stage = render_stage(changed, tmp_path / f"store{n}")
         out = stage.engine.run(stage.step)
         key = stage.engine.key(stage.step)

@@ -26,6 +26,7 @@ from keying import read_chars
 
 from pipelines.errors import PipelineError
 from pipelines.progress import NoProgress
+from pipelines.schema import as_data, replace
 from pipelines.statcache import StatCache
 from pipelines.weights import fetch as fetch_module
 from pipelines.weights import ranges as ranges_module
@@ -207,7 +208,7 @@ def test_fetch_killed_mid_file_resumes_without_downloading_what_it_has(
     _, lock = synthetic
     one = Lock(model=lock.model, source=lock.source, files=[lock.entry(BIG)])
     lock_file = tmp_path / "one.lock.yaml"
-    lock_file.write_text(json.dumps(one.model_dump()))
+    lock_file.write_text(json.dumps(as_data(one)))
     entry = one.files[0]
     part = blobs.partial_file(entry.sha256)
     proc = subprocess.Popen(
@@ -465,7 +466,7 @@ def test_objects_missing_from_the_bucket_fail_one_line_each_and_the_rest_is_fetc
 ):
     source, lock = synthetic
     small = [e for e in lock.files if e.name.startswith("model-0000")][:3]
-    gone = [e.model_copy(update={"name": f"gone-{i}.safetensors"}) for i, e in enumerate(small)]
+    gone = [replace(e, name=f"gone-{i}.safetensors") for i, e in enumerate(small)]
     mixed = Lock(model=lock.model, source=source, files=[*gone, lock.entry("config.json")])
     # One range buffer: a failed range must hand its buffer back for the next file to fetch.
     with pytest.raises(FetchError) as err:
@@ -479,7 +480,7 @@ def test_objects_missing_from_the_bucket_fail_one_line_each_and_the_rest_is_fetc
 
 def test_a_missing_object_of_many_ranges_fails_in_one_line(s3, synthetic, blobs):
     source, lock = synthetic
-    gone = lock.entry(BIG).model_copy(update={"name": "gone.safetensors"})
+    gone = replace(lock.entry(BIG), name="gone.safetensors")
     missing = Lock(model=lock.model, source=source, files=[gone])
     # Several ranges in flight when the first fails: theirs are dropped, its error is the line.
     with pytest.raises(FetchError) as err:

@@ -6,9 +6,9 @@ import hashlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Protocol
 
-from pipelines.deploy.backends import backend_for
 from pipelines.deploy.health import DeployError, smoke
 from pipelines.deploy.kubeapi import KubeAccess
 from pipelines.deploy.plan import Deployment
@@ -23,6 +23,9 @@ from pipelines.deploy.records import (
 from pipelines.errors import PipelineError
 from pipelines.profiles import Profile
 from pipelines.steps import Engine, Step, side_task
+
+if TYPE_CHECKING:
+    from pipelines.deploy.backends import Backend
 
 # Preflight's floor of free disk where a member keeps its model folder.
 MIN_FREE_BYTES = 1 << 30
@@ -67,10 +70,15 @@ class Deploy:
         self.tags = tags
         self.lock_file = lock_file
         self.settings = settings
-        self.backend = backend_for(
-            profile, settings.docker_hosts, settings.timeout_s, settings.kube
-        )
         self.records = Records(engine.store.area("deployments") / profile.name)
+
+    @cached_property
+    def backend(self) -> Backend:
+        """The profile's backend, made on first use: `doit list` never imports one."""
+        from pipelines.deploy.backends import backend_for
+
+        settings = self.settings
+        return backend_for(self.profile, settings.docker_hosts, settings.timeout_s, settings.kube)
 
     def candidate(self) -> Deployment:
         """The deployment `doit build` rendered last (its plans and key)."""

@@ -3,7 +3,7 @@
 Other stages use only what is exported here.
 """
 
-from pipelines.images.build import git_revision
+from pipelines.images.inputs import git_revision
 from pipelines.images.tasks import Images, ImageSettings
 
 __all__ = ["ImageSettings", "Images", "git_revision"]

@@ -8,7 +8,6 @@ layer directly, and the image is pushed to the registry under its key.
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 import stat
 import subprocess
@@ -18,7 +17,6 @@ from pathlib import Path
 from pipelines.images.oci import Image, assemble, epoch_iso, normal_info, write_layer
 from pipelines.images.spec import ImageError, LocalBase
 
-BASE_RECIPE_VERSION = 1
 # Caches, logs and docs: not needed at run time, and they differ from one debootstrap to the next.
 PRUNE = (
     "var/cache/apt",
@@ -33,26 +31,6 @@ PRUNE = (
     "etc/resolv.conf",
 )
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-def debian_arch() -> str:
-    """This machine's Debian architecture (amd64, arm64)."""
-    known = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine())
-    if known:
-        return known  # what dpkg says on these two, without starting it on every run
-    return subprocess.run(
-        ["dpkg", "--print-architecture"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-
-
-def base_params(spec: LocalBase, arch: str) -> dict:
-    """The keyed parameters of a local base: suite, variant, packages, mirror, architecture."""
-    return {**spec.model_dump(), "arch": arch}
-
-
-def base_repository(spec: LocalBase) -> str:
-    """The registry repository of a local base."""
-    return f"sparkforge/base-{spec.suite}"
 
 
 def debootstrap(spec: LocalBase, rootfs: Path) -> None:

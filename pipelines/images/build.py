@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import platform as host_platform
 import subprocess
 import tarfile
 import tempfile
@@ -11,13 +10,18 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.images.context import BuildContext, context_tar
-from pipelines.images.dockerfile import check_contents, check_froms, upstream_arg
+from pipelines.images.context import context_tar
+from pipelines.images.dockerfile import check_contents, check_froms
+from pipelines.images.inputs import (
+    EXTRA_CONTEXT,
+    image_build_args,
+    image_platform,
+    image_repository,
+    native_platform,
+)
 from pipelines.images.oci import Image, LayerCache, normalize_saved_image, save_image_index
 from pipelines.images.spec import ImageDir, ImageError
-from pipelines.paths import RECEIPT, REPO_ROOT
 
-EXTRA_CONTEXT = {"sparkforge-receipt.py": RECEIPT}  # every image carries the receipt writer
 LOG_TAIL = 15
 
 
@@ -54,45 +58,9 @@ def buildx_command(plan: BuildPlan, context: Path, dest: str = "image.tar") -> l
     return command + ["--output", f"type=docker,dest={dest},rewrite-timestamp=true", str(context)]
 
 
-def native_platform() -> str:
-    """linux/<arch> of this machine, in OCI's names."""
-    machine = host_platform.machine()
-    return "linux/" + {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
-
-
 def digest_of(ref: str) -> str:
     """The sha256:... part of a pinned reference."""
     return ref.rsplit("@", 1)[1]
-
-
-def image_build_args(image: ImageDir, base: str) -> dict[str, str]:
-    """The build args of an image: its base, its own args, and each upstream's commit."""
-    build_args = {"BASE": base, **image.spec.build_args}
-    for name, upstream in image.spec.upstream.items():
-        build_args[upstream_arg(name)] = upstream.commit
-    return build_args
-
-
-def image_platform(image: ImageDir) -> str:
-    """The platform an image is built for (native: this machine's)."""
-    return native_platform() if image.spec.platform == "native" else image.spec.platform
-
-
-def image_params(image: ImageDir) -> dict:
-    """The keyed parameters of an image; the base enters the key by digest, as a pin."""
-    spec = image.spec
-    return {
-        "name": spec.name,
-        "platform": image_platform(image),
-        "build_args": {k: v for k, v in image_build_args(image, "").items() if k != "BASE"},
-        "source_date_epoch": spec.source_date_epoch,
-        "upstream": {k: v.model_dump() for k, v in spec.upstream.items()},
-    }
-
-
-def image_inputs(image: ImageDir) -> dict[str, Path | BuildContext]:
-    """The files an image is built from: its Dockerfile and its context (receipt included)."""
-    return {"dockerfile": image.dockerfile, "context": BuildContext(image.path, EXTRA_CONTEXT)}
 
 
 def plan_image(
@@ -120,19 +88,6 @@ def plan_image(
         context=image.path,
         material=material,
     )
-
-
-def image_repository(name: str, namespace: str = "") -> str:
-    """The registry repository of an image: [namespace/]sparkforge/<name>."""
-    return "/".join(part for part in (namespace, "sparkforge", name) if part)
-
-
-def git_revision() -> str:
-    """The checkout's commit (what `candidate-<gitsha>` names), or 'unknown'."""
-    result = subprocess.run(
-        ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
-    )
-    return result.stdout.strip() if result.returncode == 0 else "unknown"
 
 
 def engine_build(client, plan: BuildPlan, saved: Path) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,7 +16,7 @@ from pipelines.images.oci import MANIFEST_TYPE, Image, load_image_index
 from pipelines.images.spec import ImageError
 
 if TYPE_CHECKING:
-    import requests
+    import urllib3
 
 ACCEPT = ", ".join(
     [
@@ -41,7 +43,7 @@ class Registry:
 
     def _call(self, method: str, url: str, body: Path | bytes | None = None, **kwargs):
         """One request; on a 401 it logs in as the challenge asks and tries once more."""
-        import requests  # loaded on the first registry call, not for a run that makes none
+        import urllib3  # loaded on the first registry call, not for a run that makes none
 
         headers = kwargs.pop("headers", {})
         for attempt in range(2):
@@ -49,24 +51,24 @@ class Registry:
             try:
                 if isinstance(body, Path):
                     with open(body, "rb") as data:
-                        r = self._send(method, url, data, {**headers, **auth}, kwargs)
+                        size = {"Content-Length": str(body.stat().st_size)}
+                        r = self._send(method, url, data, {**headers, **auth, **size})
                 else:
-                    r = self._send(method, url, body, {**headers, **auth}, kwargs)
-            except requests.RequestException as err:
+                    r = self._send(method, url, body, {**headers, **auth})
+            except urllib3.exceptions.HTTPError as err:
                 reason = type(err).__name__
                 raise ImageError(
                     f"registry {self.host} unreachable ({method} {url}: {reason})"
                 ) from None
-            if r.status_code != 401 or attempt:
+            if r.status != 401 or attempt:
                 return r
             self._tokens[self._scope_of(url)] = self._login(r.headers.get("WWW-Authenticate", ""))
         return r
 
     @staticmethod
-    def _send(method, url, data, headers, kwargs) -> requests.Response:
-        import requests
-
-        return requests.request(method, url, data=data, headers=headers, timeout=300, **kwargs)
+    def _send(method, url, data, headers, **kwargs) -> urllib3.BaseHTTPResponse:
+        """One HTTP exchange on the shared connection pool (kept alive between calls)."""
+        return http_pool().request(method, url, body=data, headers=headers, **kwargs)
 
     def _scope_of(self, url: str) -> str:
         """The repository a URL is about (tokens are per repository)."""
@@ -78,7 +80,7 @@ class Registry:
 
     def _login(self, challenge: str) -> dict[str, str]:
         """The Authorization header a WWW-Authenticate challenge asks for (Basic or Bearer)."""
-        import requests
+        import urllib3
 
         creds = registry_credentials(self.host)
         if creds is None:
@@ -87,9 +89,9 @@ class Registry:
                 f" ({docker_config_path()}; `docker login {self.host}`)"
             )
         scheme, _, params = challenge.partition(" ")
+        basic = f"{creds.username}:{creds.password}"
         if scheme.lower() == "basic" and creds.password is not None:
-            token = base64.b64encode(f"{creds.username}:{creds.password}".encode()).decode()
-            return {"Authorization": f"Basic {token}"}
+            return {"Authorization": f"Basic {base64.b64encode(basic.encode()).decode()}"}
         fields = dict(re.findall(r'(\w+)="([^"]*)"', params))
         if scheme.lower() != "bearer" or "realm" not in fields:
             raise ImageError(f"registry {self.host}: unsupported authentication {scheme!r}")
@@ -99,21 +101,23 @@ class Registry:
                 # An identity token is an OAuth2 refresh token (distribution's token spec).
                 form = {**query, "grant_type": "refresh_token", "client_id": "sparkforge"}
                 form["refresh_token"] = creds.identity_token
-                r = requests.post(fields["realm"], data=form, timeout=60)
+                r = http_pool().request(
+                    "POST", fields["realm"], fields=form, encode_multipart=False
+                )
             else:
-                auth = (creds.username, creds.password)
-                r = requests.get(fields["realm"], params=query, auth=auth, timeout=60)
-        except requests.RequestException as err:
+                auth = urllib3.make_headers(basic_auth=basic)
+                r = http_pool().request("GET", fields["realm"], fields=query, headers=auth)
+        except urllib3.exceptions.HTTPError as err:
             raise ImageError(f"registry {self.host}: token service: {type(err).__name__}") from None
-        if r.status_code != 200:
-            raise ImageError(f"registry {self.host}: token service said HTTP {r.status_code}")
+        if r.status != 200:
+            raise ImageError(f"registry {self.host}: token service said HTTP {r.status}")
         answer = r.json()
         return {"Authorization": f"Bearer {answer.get('token') or answer.get('access_token')}"}
 
     def manifest_digest(self, repo: str, ref: str) -> str | None:
         """The digest a tag (or digest) points to, or None when the registry lacks it."""
         r = self._call("HEAD", f"{self.base}/{repo}/manifests/{ref}", headers={"Accept": ACCEPT})
-        if r.status_code == 404:
+        if r.status == 404:
             return None
         self._check(r, f"HEAD manifest {repo}:{ref}")
         return r.headers.get("Docker-Content-Digest")
@@ -121,15 +125,15 @@ class Registry:
     def manifest(self, repo: str, ref: str) -> tuple[bytes, str] | None:
         """(exact bytes, media type) of a manifest, or None when the registry lacks it."""
         r = self._call("GET", f"{self.base}/{repo}/manifests/{ref}", headers={"Accept": ACCEPT})
-        if r.status_code == 404:
+        if r.status == 404:
             return None
         self._check(r, f"GET manifest {repo}:{ref}")
-        return r.content, r.headers.get("Content-Type", MANIFEST_TYPE)
+        return r.data, r.headers.get("Content-Type", MANIFEST_TYPE)
 
     def has_blob(self, repo: str, digest: str) -> bool:
         """True when the registry holds the blob."""
         r = self._call("HEAD", f"{self.base}/{repo}/blobs/{digest}")
-        return r.status_code == 200
+        return r.status == 200
 
     def push_blob(self, repo: str, digest: str, path) -> bool:
         """Upload one blob unless present (monolithic upload); True when it was sent."""
@@ -175,9 +179,20 @@ class Registry:
             self.push_manifest(repo, tag, image.manifest)
         return image.digest
 
-    def _check(self, r: requests.Response, what: str) -> None:
-        if r.status_code >= 400:
-            raise ImageError(f"registry {self.host}: {what}: HTTP {r.status_code} {r.text[:200]}")
+    def _check(self, r: urllib3.BaseHTTPResponse, what: str) -> None:
+        """Refuse an error answer, with the start of what the registry said."""
+        if r.status >= 400:
+            said = r.data[:200].decode(errors="replace")
+            raise ImageError(f"registry {self.host}: {what}: HTTP {r.status} {said}")
+
+
+@functools.cache
+def http_pool() -> urllib3.PoolManager:
+    """One pool of kept-alive connections for every registry call of this process."""
+    import urllib3
+
+    # No retries: an unreachable registry is one clear error, not minutes of backoff.
+    return urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(connect=30, read=300))
 
 
 @dataclass(frozen=True)
@@ -221,7 +236,9 @@ class RegistryCache:
 
     registry: Registry
     repository: str
-    extra_tags: tuple[str, ...] = ()
+    # Tags pushed beside the key tag, asked for only when publishing (`git rev-parse` is not
+    # free, and a no-op run publishes nothing).
+    extra_tags: Callable[[], tuple[str, ...]] = tuple
     name: str = "registry"
 
     @staticmethod
@@ -236,6 +253,6 @@ class RegistryCache:
     def publish(self, key: str, work: Path, record: dict[str, Any]) -> None:
         """Push the image the step wrote (work/out/image.json), key tag last."""
         image = load_image_index(work / "out")
-        tags = [*self.extra_tags, self.key_tag(key)]
+        tags = [*self.extra_tags(), self.key_tag(key)]
         digest = self.registry.push_image(self.repository, image, tags)
         print(f"{record['name']}: {self.registry.host}/{self.repository}@{digest}")

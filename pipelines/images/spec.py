@@ -7,21 +7,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from msgspec import Meta, field
 
 from pipelines.errors import PipelineError
 from pipelines.paths import IMAGES_DIR
 from pipelines.schema import Strict, load_yaml_model
 
 PINNED = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
-Commit = Annotated[str, Field(pattern=r"^[0-9a-f]{7,40}$")]
+Commit = Annotated[str, Meta(pattern=r"^[0-9a-f]{7,40}$")]
 
 
 class ImageError(PipelineError):
     """An image that cannot be planned, built or pushed."""
 
 
-class LocalBase(Strict):
+class LocalBase(Strict, kw_only=True):
     """A base made here from a Debian rootfs (debootstrap), itself a keyed step."""
 
     suite: str
@@ -30,18 +30,16 @@ class LocalBase(Strict):
     mirror: str = "http://deb.debian.org/debian"
 
 
-class Base(Strict):
+class Base(Strict, kw_only=True):
     """The FROM of an image: a registry image pinned by digest, or a base made here."""
 
-    image: Annotated[str, Field(pattern=PINNED.pattern)] | None = None
+    image: Annotated[str, Meta(pattern=PINNED.pattern)] | None = None
     local: LocalBase | None = None
 
-    @model_validator(mode="after")
-    def exactly_one(self) -> Base:
+    def __post_init__(self) -> None:
         """A base is either pinned or local, never both or neither."""
         if (self.image is None) == (self.local is None):
             raise ValueError("base needs exactly one of 'image' (pinned by digest) or 'local'")
-        return self
 
 
 class Upstream(Strict):
@@ -51,7 +49,7 @@ class Upstream(Strict):
     commit: Commit
 
 
-class Checks(Strict):
+class Checks(Strict, kw_only=True):
     """What the built image (and its Dockerfile) must contain."""
 
     cuda_arch_list: str | None = None
@@ -60,17 +58,17 @@ class Checks(Strict):
     nccl: Literal["none", "pip", "sparkring-overlay"] = "none"
 
 
-class ImageSpec(Strict):
+class ImageSpec(Strict, kw_only=True):
     """One image: name, platform, base, build args, pinned upstreams and checks."""
 
-    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9.-]*$")]
+    name: Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9.-]*$")]
     description: str
     platform: Literal["linux/arm64", "linux/amd64", "native"]
     base: Base
     build_args: dict[str, str] = {}
     upstream: dict[str, Upstream] = {}
-    source_date_epoch: Annotated[int, Field(ge=0)]
-    checks: Checks = Checks()
+    source_date_epoch: Annotated[int, Meta(ge=0)]
+    checks: Checks = field(default_factory=Checks)
 
 
 @dataclass(frozen=True)

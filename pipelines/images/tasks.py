@@ -8,33 +8,17 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines.errors import PipelineError
-from pipelines.images import promote
-from pipelines.images.base import (
-    BASE_RECIPE_VERSION,
-    base_params,
-    base_repository,
-    build_base,
-    debian_arch,
-)
-from pipelines.images.build import (
-    EXTRA_CONTEXT,
-    BuildPlan,
-    build_image,
-    choose_builder,
-    git_revision,
-    image_inputs,
-    image_params,
-    image_repository,
-    plan_image,
-)
-from pipelines.images.oci import NORMALIZER_VERSION, LayerCache, save_image_index
+from pipelines.images.inputs import base_repository, image_repository
 from pipelines.images.registry import Registry, RegistryCache
 from pipelines.images.spec import ImageDir, load_image
 from pipelines.profiles import Profile
 from pipelines.steps import Engine, Step, StepRun, side_task
+
+if TYPE_CHECKING:
+    from pipelines.images.build import BuildPlan
 
 
 @dataclass(frozen=True)
@@ -73,10 +57,15 @@ class Images:
 
     def _base_step(self) -> Step:
         """The keyed step that debootstraps the local base; its output is a registry tag."""
+        from pipelines.images.inputs import BASE_RECIPE_VERSION, base_params, debian_arch
+
         local = self.image.spec.base.local
         repository = base_repository(local)
 
         def debootstrap_base(run: StepRun) -> None:
+            from pipelines.images.base import build_base
+            from pipelines.images.oci import save_image_index
+
             image = build_base(local, debian_arch(), self.image.spec.source_date_epoch, run.out)
             save_image_index(image, run.out)
 
@@ -109,6 +98,9 @@ class Images:
 
     def _image_step(self) -> Step:
         """The keyed image step: Dockerfile, context, args, platform; the base as a pin."""
+        from pipelines.images.inputs import candidate_tags, image_inputs, image_params
+        from pipelines.images.oci import NORMALIZER_VERSION
+
         repository = image_repository(self.image.spec.name, self.namespace)
         return Step(
             name="image",
@@ -119,12 +111,14 @@ class Images:
             params=lambda: image_params(self.image),
             inputs=image_inputs(self.image),
             pins=lambda: {"base": self.base_ref().rsplit("@", 1)[1]},
-            cache=RegistryCache(self.registry, repository, (f"candidate-{git_revision()}",)),
+            cache=RegistryCache(self.registry, repository, candidate_tags),
             after=("image_base",) if self.base_step else (),
         )
 
     def plan(self) -> BuildPlan:
         """The build plan of the profile's image (its key from the engine)."""
+        from pipelines.images.build import plan_image
+
         step = self.image_step
         return plan_image(
             self.image,
@@ -137,6 +131,9 @@ class Images:
 
     def _build(self, run: StepRun) -> None:
         """Build and normalize the image into the step's folder; the registry cache pushes it."""
+        from pipelines.images.build import build_image, choose_builder
+        from pipelines.images.oci import LayerCache
+
         plan = self.plan()
         has_engine = self.settings.docker_host is not None
         builder = choose_builder(has_engine, self.settings.builder)
@@ -183,18 +180,26 @@ class Images:
 
     def promote(self, digest: str) -> str:
         """Move `:stable` to digest (the old one kept as `stable-prev`); says what it did."""
+        from pipelines.images import promote
+
         return promote.promote(self.registry, self.repository(), digest)
 
     def restore_stable(self) -> str:
         """Move `:stable` back to `stable-prev`; says what it did."""
+        from pipelines.images import promote
+
         return promote.restore_previous(self.registry, self.repository())
 
     def stable_digest(self) -> str | None:
         """The digest `:stable` points to now, if any."""
+        from pipelines.images import promote
+
         return promote.stable_digest(self.registry, self.repository())
 
     def print_plan(self) -> None:
         """Print what building the image means: key, base, args, the exact invocation."""
+        from pipelines.images.inputs import EXTRA_CONTEXT
+
         plan = self.plan()
         print(
             json.dumps(

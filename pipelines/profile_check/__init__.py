@@ -9,6 +9,7 @@ from typing import Any
 from pipelines.keys import canonical_json
 from pipelines.paths import PROFILES_DIR
 from pipelines.profiles import load_profile, profile_path
+from pipelines.schema import as_data
 from pipelines.steps import Engine, Step, StepRun
 
 
@@ -17,7 +18,7 @@ def profile_step(name: str, folder: Path = PROFILES_DIR) -> Step:
 
     def write_profile(run: StepRun) -> None:
         profile = load_profile(name, folder)
-        (run.out / "profile.json").write_bytes(canonical_json(profile.model_dump(mode="json")))
+        (run.out / "profile.json").write_bytes(canonical_json(as_data(profile)))
 
     return Step(
         name="profile",

@@ -17,6 +17,7 @@ from pipelines.render.documents import (
     template_env,
 )
 from pipelines.render.validate import validate_documents
+from pipelines.schema import as_data
 from pipelines.weights import Lock, cache_key
 
 CACHE_ROOT = "/cache"  # one hostPath volume for every JIT/compile cache (survives reboots)
@@ -104,7 +105,7 @@ def render_context(profile: Profile, lock: Lock, image: str, patch_source: str) 
             "name": k8s.service_name,
             "runtime": profile.runtime,
             "image": image,
-            "resources": profile.resources.model_dump(),
+            "resources": as_data(profile.resources),
             "env": dict(sorted(env.items())),
             "extra_args": vllm_args(profile),
             "tensor_parallel": profile.parallel.tensor,
@@ -112,7 +113,7 @@ def render_context(profile: Profile, lock: Lock, image: str, patch_source: str) 
             "gpu_memory_utilization": profile.vllm.gpu_memory_utilization,
             "max_model_len": profile.vllm.max_model_len,
         },
-        "fabric": profile.fabric.model_dump(),
+        "fabric": as_data(profile.fabric),
         "members": [
             {
                 "rank": rank,
@@ -132,7 +133,7 @@ def render_context(profile: Profile, lock: Lock, image: str, patch_source: str) 
             "jit_node_path": k8s.node_jit_cache_path,
             "shm_size": k8s.shm_size,
         },
-        "hygiene": profile.hygiene.model_dump(),
+        "hygiene": as_data(profile.hygiene),
         "patch_source": patch_source,
     }
 

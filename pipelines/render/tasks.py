@@ -2,31 +2,38 @@
 
 from __future__ import annotations
 
-import json
+import importlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from pipelines.paths import MANIFESTS_DIR
 from pipelines.profiles import Profile, ProfileError
-from pipelines.render import dockerhosts, fabric
 from pipelines.render.documents import Document, RenderInputs, write_documents
+from pipelines.schema import as_data
 from pipelines.steps import Engine, Step, StepRun
 from pipelines.weights import ModelOutputs
 
 Renderer = Callable[[Profile, RenderInputs, list[str]], list[Document]]
 
-# (deploy, runtime) -> renderer; None: the pair deploys without rendered documents (yet).
-RENDERERS: dict[tuple[str, str], Renderer | None] = {
+# (deploy, runtime) -> the renderer's module and function under pipelines.render, imported when
+# a render runs (the Kubernetes one brings the CRD schemas and CEL: not for `doit list`).
+RENDERERS: dict[tuple[str, str], str] = {
     # The rings' renderers add the fabric check's documents (render/fabric.py) to the service's.
-    ("kubernetes", "vllm"): fabric.render_kubernetes,
-    ("docker", "sglang"): fabric.render_dockerhosts,
-    ("docker", "simulated"): dockerhosts.render_simulated,
+    ("kubernetes", "vllm"): "fabric:render_kubernetes",
+    ("docker", "sglang"): "fabric:render_dockerhosts",
+    ("docker", "simulated"): "dockerhosts:render_simulated",
 }
 
 
-def renderer_for(profile: Profile, path: Path | None = None) -> Renderer | None:
-    """The renderer of a profile's (deploy, runtime), or ProfileError naming the pair."""
+def load_renderer(name: str) -> Renderer:
+    """The renderer function a RENDERERS entry names."""
+    module, function = name.split(":")
+    return getattr(importlib.import_module(f"pipelines.render.{module}"), function)
+
+
+def renderer_for(profile: Profile, path: Path | None = None) -> str:
+    """The renderer entry of a profile's (deploy, runtime), or ProfileError naming the pair."""
     pair = (profile.deploy, profile.runtime)
     if pair not in RENDERERS:
         known = ", ".join(f"{d}+{r}" for d, r in RENDERERS)
@@ -74,7 +81,7 @@ class Render:
                 model.patch_source_text(),
                 run.params["weights_root"],
             )
-            docs = renderer(profile, inputs, secrets)
+            docs = load_renderer(renderer)(profile, inputs, secrets)
             write_documents(docs, run.out)
             print(f"render: {len(docs)} documents for {profile.name}:")
             for doc in docs:
@@ -87,7 +94,7 @@ class Render:
             doc="render and validate the profile's manifests or launch plans, keyed by inputs",
             action=render,
             params=lambda: {
-                "profile": json.loads(profile.model_dump_json()),
+                "profile": as_data(profile),
                 "image": image(),
                 "weights_root": model.node_weights_root,
             },

@@ -7,26 +7,26 @@ from pathlib import Path
 from typing import Annotated
 
 import yaml
-from pydantic import Field, model_validator
+from msgspec import Meta
 
 from pipelines.errors import PipelineError
 from pipelines.files import write_atomic
 from pipelines.paths import LOCKS_DIR
-from pipelines.schema import Strict, load_yaml_model
+from pipelines.schema import Strict, as_data, load_yaml_model
 
-Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-FileName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
+Sha256 = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")]
+FileName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]+$")]
 
 
 class LockError(PipelineError):
     """A lock that cannot be used."""
 
 
-class LockEntry(Strict):
+class LockEntry(Strict, kw_only=True):
     """One file: its name, and once locked, its size and sha256 (etag: the store's, for info)."""
 
     name: FileName
-    size: Annotated[int, Field(ge=0)] | None = None
+    size: Annotated[int, Meta(ge=0)] | None = None
     sha256: Sha256 | None = None
     etag: str | None = None
 
@@ -35,30 +35,26 @@ class LockEntry(Strict):
         """True when size and hash are known."""
         return self.size is not None and self.sha256 is not None
 
-    @model_validator(mode="after")
-    def hash_comes_with_size(self) -> LockEntry:
+    def __post_init__(self) -> None:
         """A hash without a size cannot be checked cheaply: refuse it."""
         if self.sha256 is not None and self.size is None:
             raise ValueError(f"file {self.name!r} has a sha256 but no size")
-        return self
 
 
-class Lock(Strict):
+class Lock(Strict, kw_only=True):
     """A model's lock: where it comes from and what each file must be."""
 
-    model: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9.-]*$")]
-    source: Annotated[str, Field(pattern=r"^s3://[^/]+/.+")]
-    files: Annotated[list[LockEntry], Field(min_length=1)]
+    model: Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9.-]*$")]
+    source: Annotated[str, Meta(pattern=r"^s3://[^/]+/.+")]
+    files: Annotated[list[LockEntry], Meta(min_length=1)]
 
-    @model_validator(mode="after")
-    def names_are_unique(self) -> Lock:
+    def __post_init__(self) -> None:
         """Every file appears once."""
         seen: set[str] = set()
         for entry in self.files:
             if entry.name in seen:
                 raise ValueError(f"file {entry.name!r} is listed twice")
             seen.add(entry.name)
-        return self
 
     def entry(self, name: str) -> LockEntry:
         """The entry of a file name."""
@@ -111,7 +107,7 @@ def dump_lock(lock: Lock) -> str:
         "files:",
     ]
     for e in lock.files:
-        fields = {k: v for k, v in e.model_dump().items() if v is not None or k != "etag"}
+        fields = {k: v for k, v in as_data(e).items() if v is not None or k != "etag"}
         flow = yaml.safe_dump(fields, default_flow_style=True, sort_keys=False, width=1000)
         lines.append(f"  - {flow.strip()}")
     return "\n".join(lines) + "\n"

@@ -30,8 +30,8 @@ from plot import bar_chart  # noqa: E402
 
 import devstack  # noqa: E402
 from pipelines.images import Images, ImageSettings  # noqa: E402
-from pipelines.images.build import RECEIPT  # noqa: E402
 from pipelines.images.spec import load_image  # noqa: E402
+from pipelines.paths import RECEIPT  # noqa: E402
 from pipelines.profiles import load_profile  # noqa: E402
 from pipelines.settings import read_settings  # noqa: E402
 from pipelines.steps import Engine  # noqa: E402

@@ -31,7 +31,7 @@ from keying import model_sizes, read_chars  # noqa: E402
 
 from pipelines.statcache import StatCache, stat_key  # noqa: E402
 from pipelines.weights.blobs import BlobStore  # noqa: E402
-from pipelines.weights.lock import Lock, cache_key  # noqa: E402
+from pipelines.weights.lock import Lock, LockEntry, cache_key  # noqa: E402
 from pipelines.weights.stage import is_staged, stage, stage_plan  # noqa: E402
 
 
@@ -44,7 +44,7 @@ def full_size_store(root: Path) -> tuple[BlobStore, Lock, Path]:
         path = blobs.blob(sha)
         with open(path, "wb") as f:
             f.truncate(size)
-        files.append({"name": name, "size": size, "sha256": sha})
+        files.append(LockEntry(name=name, size=size, sha256=sha))
         primed.append((path.absolute(), stat_key(os.stat(path)), sha))
     blobs.statcache.record(primed)
     lock = Lock(model="full-size", source="s3://models/full-size/model", files=files)
