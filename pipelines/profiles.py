@@ -69,6 +69,10 @@ class Fabric(Strict, kw_only=True):
     rendezvous_port: Annotated[int, Meta(ge=1, le=65535)] = 29500
     mtu: Literal[1500, 9000]
     patched_nccl: bool
+    # The fabric check (`doit fabric`): the transport every NCCL channel must use, and the bus
+    # bandwidth floor at the all-reduce sweep's largest size in GB/s (None: reported, not gated).
+    transport: Literal["NET/IB", "NET/Socket", "P2P", "SHM"] = "NET/IB"
+    min_busbw_gbs: Annotated[float, Meta(gt=0)] | None = None
 
 
 class NcclOverlay(Strict):

@@ -16,6 +16,8 @@ import devstack as local_stack
 from pipelines.deploy import DockerHosts, Member
 from pipelines.fabric import Fabric, FabricSettings, fabric_refusal, fabric_verdict
 from pipelines.fabric.expect import (
+    TOLERANCE,
+    TP3_MEASURED_BUSBW,
     Expectations,
     FabricError,
     expectations_for,
@@ -24,8 +26,8 @@ from pipelines.fabric.expect import (
 )
 from pipelines.fabric.launch import DockerLauncher, MemberRun
 from pipelines.fabric.nccllog import bus_bandwidth, parse_log
-from pipelines.paths import FABRIC_PROBE, PATCH_SOURCE
-from pipelines.profiles import load_profile
+from pipelines.paths import FABRIC_PROBE, PATCH_SOURCE, PROFILES_DIR
+from pipelines.profiles import ProfileError, load_profile
 from pipelines.render import Render
 from pipelines.render import fabric as render_fabric
 from pipelines.render.documents import Document, RenderInputs
@@ -106,6 +108,7 @@ def test_the_probe_log_gets_busbw_by_the_nccl_tests_formula():
 def test_a_ring_expectation_fails_the_socket_run_naming_net_socket_and_the_busbw():
     ring = expectations_for(load_profile("tp3-ring"))
     assert ring == Expectations("NET/IB", 20.88, RING_HCAS)
+    assert ring.min_busbw_gbs == round(TP3_MEASURED_BUSBW * TOLERANCE, 2)
     for name, busbw in (("nccltests-socket.log", "2.93"), ("torch-socket.log", "2.85")):
         lines = failures(parse_log(fixture(name)), ring)
         [transport] = [line for line in lines if line.startswith("transport:")]
@@ -486,3 +489,29 @@ def test_the_docker_launcher_runs_a_container_per_member_on_each_engine_then_rem
     assert runs[1].log.startswith("rank=1\n")
     log = parse_log(runs[0].log)
     assert log.transports == {"NET/Socket"} and log.largest.busbw == pytest.approx(2.854)
+
+
+def test_tp4_ring_expects_net_ib_and_its_hcas_without_a_floor_until_measured():
+    assert expectations_for(load_profile("tp4-ring")) == Expectations("NET/IB", None, RING_HCAS)
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (("  transport: NET/IB\n", "  transport: RDMA\n"), "fabric.transport"),
+        (("  min_busbw_gbs: 20.88\n", "  min_busbw_gbs: 0\n"), "fabric.min_busbw_gbs"),
+    ],
+)
+def test_a_bad_fabric_expectation_in_a_profile_is_one_line_naming_the_field(tmp_path, edit, field):
+    text = (PROFILES_DIR / "tp3-ring.yaml").read_text()
+    assert edit[0] in text
+    (tmp_path / "tp3-ring.yaml").write_text(text.replace(*edit))
+    with pytest.raises(ProfileError) as refused:
+        load_profile("tp3-ring", tmp_path)
+    assert len(str(refused.value).splitlines()) == 1
+    assert field in str(refused.value)
+
+
+def test_a_profile_without_a_fabric_has_no_fabric_check():
+    with pytest.raises(FabricError, match="profile local: field 'fabric': required"):
+        expectations_for(load_profile("local"))

@@ -9,16 +9,13 @@ from pipelines.errors import PipelineError
 from pipelines.fabric.nccllog import NcclLog
 from pipelines.profiles import Profile
 
-# The three-Spark ring's published three-rank all-reduce (domain.md, 2026-09-13): 23.2 GB/s.
-# The floor keeps 90% of it: the margin nccl-tests itself allows before it prints FAILED for a
-# minimum bandwidth (`bw < check_avg_bw * 0.9` in src/util.cu), wide enough for run-to-run
-# variation, and a NET/Socket fallback lands an order of magnitude below (2.9 vs 328 GB/s on
-# the H200 pair), so the floor cannot pass a fallback.
+# The three-Spark ring's published three-rank all-reduce (domain.md, 2026-09-13) and the share
+# of it tp3-ring's floor keeps (`fabric.min_busbw_gbs`): nccl-tests' own margin before it prints
+# FAILED for a minimum bandwidth (`bw < check_avg_bw * 0.9`, src/util.cu), wide enough for
+# run-to-run variation; a NET/Socket fallback lands an order of magnitude below (2.9 vs 328 GB/s
+# on the H200 pair), so the floor cannot pass a fallback.
 TP3_MEASURED_BUSBW = 23.2
 TOLERANCE = 0.9
-# Floors by profile until the profile schema carries `fabric.min_busbw_gbs`. tp4-ring has no
-# published all-reduce figure: its check holds transport and HCAs and reports the busbw.
-DEFAULT_MIN_BUSBW = {"tp3-ring": round(TP3_MEASURED_BUSBW * TOLERANCE, 2)}
 TRANSPORTS = ("NET/IB", "NET/Socket", "P2P", "SHM", "CollNet")
 
 
@@ -44,8 +41,8 @@ def expectations_for(profile: Profile) -> Expectations:
             " RoCE data plane)"
         )
     return Expectations(
-        transport=getattr(fabric, "transport", "NET/IB"),
-        min_busbw_gbs=getattr(fabric, "min_busbw_gbs", DEFAULT_MIN_BUSBW.get(profile.name)),
+        transport=fabric.transport,
+        min_busbw_gbs=fabric.min_busbw_gbs,
         hcas=tuple(fabric.ib_hca),
     )
 
