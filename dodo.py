@@ -12,6 +12,7 @@ from doit import get_var
 from pipelines.deploy import Deploy, DeploySettings, KubeAccess  # noqa: E402
 from pipelines.deploy.records import who_ran  # noqa: E402
 from pipelines.errors import PipelineError  # noqa: E402
+from pipelines.fabric import Fabric, FabricSettings  # noqa: E402
 from pipelines.images import Images, ImageSettings, git_revision  # noqa: E402
 from pipelines.profile_check import ProfileCheck  # noqa: E402
 from pipelines.profiles import load_profile  # noqa: E402
@@ -23,6 +24,7 @@ from pipelines.weights import FetchOptions, Weights, WeightsSettings  # noqa: E4
 
 PROFILE_NAME = get_var("profile", "local")
 IMAGE_DIGEST = get_var("image_digest", "")
+FABRIC_EXPECT = get_var("expect", "")  # `doit fabric expect=P2P>=200`: a hand-given expectation
 
 
 def stack_endpoints():
@@ -88,11 +90,29 @@ try:
         if RENDER.step
         else None
     )
+    # The fabric check, for rings with a data plane to check (after deploy, before the bench).
+    FABRIC = (
+        Fabric(
+            PROFILE,
+            ENGINE,
+            RENDER.step,
+            FabricSettings(
+                DOCKER_HOSTS,
+                who_ran(os.environ),
+                git_revision,
+                KubeAccess(SETTINGS.kubeconfig, SETTINGS.kube_context),
+                expect=FABRIC_EXPECT,
+            ),
+        )
+        if RENDER.step and PROFILE.fabric
+        else None
+    )
 except PipelineError as err:
     sys.exit(f"error: {err}")
 
 # The table of contents: each stage yields its doit tasks, in the order a build runs them.
 STAGES = (PROFILE_CHECK, WEIGHTS, IMAGES) + ((RENDER, DEPLOY) if RENDER.step else ())
+STAGES += (FABRIC,) if FABRIC else ()
 
 DOIT_CONFIG = {"default_tasks": ["build"], "dep_file": str(ENGINE.store.root / "doit.sqlite3")}
 
