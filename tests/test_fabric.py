@@ -6,6 +6,8 @@ import copy
 import dataclasses
 import io
 import json
+import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -515,3 +517,22 @@ def test_a_bad_fabric_expectation_in_a_profile_is_one_line_naming_the_field(tmp_
 def test_a_profile_without_a_fabric_has_no_fabric_check():
     with pytest.raises(FabricError, match="profile local: field 'fabric': required"):
         expectations_for(load_profile("local"))
+
+
+def test_saved_logs_are_checked_by_hand_with_a_profile_or_an_expectation():
+    def check(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "pipelines.fabric.check", *args]
+        return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+
+    nvlink = check(str(NCCL / "nccltests-p2p.log"), "--expect", "P2P>=200")
+    assert nvlink.returncode == 0, nvlink.stderr
+    assert nvlink.stdout.splitlines() == [
+        "fabric: P2P; 328.17 GB/s at 1073741824 bytes",
+        "fabric: passed (P2P)",
+    ]
+    ring = check(str(NCCL / "torch-socket.log"), "--profile", "tp3-ring")
+    assert ring.returncode == 1
+    assert "fabric: transport: 8 of 8 channel connections via NET/Socket (2.85" in ring.stdout
+    assert ring.stdout.splitlines()[-1] == "fabric: failed (NET/IB)"
+    unknown = check(str(NCCL / "torch-socket.log"), "--expect", "RDMA")
+    assert unknown.returncode == 2 and unknown.stderr.startswith("error: expectation 'RDMA'")

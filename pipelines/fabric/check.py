@@ -1,0 +1,49 @@
+"""Check saved NCCL logs by hand: `python -m pipelines.fabric.check LOG... [--profile NAME]
+[--expect P2P>=200]`; prints one line per failed expectation, exits 1 when any failed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pipelines.errors import PipelineError
+from pipelines.fabric.expect import expectations_for, failures, parse_expectation
+from pipelines.fabric.nccllog import NcclLog, add_log
+from pipelines.profiles import load_profile
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the logs as one ring's, check them, print the verdict."""
+    parser = argparse.ArgumentParser(prog="python -m pipelines.fabric.check")
+    parser.add_argument("logs", nargs="+", type=Path, help="one log per member (or one for all)")
+    parser.add_argument("--profile", help="check against this ring profile's expectations")
+    parser.add_argument("--expect", help="TRANSPORT[>=GBPS][:HCA,...], e.g. P2P>=200")
+    args = parser.parse_args(argv)
+    try:
+        if bool(args.profile) == bool(args.expect):
+            parser.error("give exactly one of --profile and --expect")
+        expect = (
+            parse_expectation(args.expect)
+            if args.expect
+            else expectations_for(load_profile(args.profile))
+        )
+        log = NcclLog()
+        for path in args.logs:
+            add_log(log, path.read_text(errors="replace"))
+    except (PipelineError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    largest = log.largest
+    measured = f"{largest.busbw:.2f} GB/s at {largest.size} bytes" if largest else "no busbw"
+    transports = ", ".join(sorted(log.transports)) or "no channels"
+    print(f"fabric: {transports}; {measured}")
+    lines = failures(log, expect)
+    for line in lines:
+        print(f"fabric: {line}")
+    print(f"fabric: {'failed' if lines else 'passed'} ({expect.transport})")
+    return 1 if lines else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
