@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -437,3 +438,18 @@ def test_client_gone_mid_stream_frees_its_slot(start) -> None:
     assert truth(sim)[-1]["status"] == "aborted"
     assert chat(sim, "next", max_tokens=2)["usage"]["completion_tokens"] == 2
 
+
+def test_rendered_launch_plan_sets_every_timing_field_the_server_reads() -> None:
+    from pipelines.profiles import load_profile
+    from pipelines.render.dockerhosts import simulator_plans
+
+    profile = load_profile("local")
+    sim = profile.simulator
+    env = simulator_plans(profile, "registry/local-sim@sha256:" + "a" * 64, "/w")[0].body["env"]
+    read = set(re.findall(r'env\.get\("(SIM_\w+)"', SERVER.read_text())) - {"SIM_HOST"}
+    assert read - set(env) == set()
+    assert env["SIM_MAX_RUNNING"] == str(sim.max_running_requests)
+    assert float(env["SIM_PREFILL_TOK_S"]) == sim.prefill_tok_s
+    assert float(env["SIM_DECODE_FALLOFF"]) == sim.decode_falloff
+    assert int(env["SIM_TOKENS_PER_CHUNK"]) == sim.tokens_per_chunk
+    assert env["SIM_EMPTY_CHUNKS"] == ("1" if sim.empty_chunks else "0")

@@ -132,8 +132,13 @@ def simulator_plans(profile: Profile, image: str, weights_path: str) -> list[Doc
         "SIM_MODEL_DIR": "/models",
         "SIM_SERVED_MODEL_NAME": profile.model.served_name,
         "SIM_MAX_MODEL_LEN": str(sim.max_model_len),
+        "SIM_MAX_RUNNING": str(sim.max_running_requests),
         "SIM_TTFT_S": str(sim.ttft_s),
+        "SIM_PREFILL_TOK_S": str(sim.prefill_tok_s),
         "SIM_DECODE_TOK_S": str(sim.decode_tok_s),
+        "SIM_DECODE_FALLOFF": str(sim.decode_falloff),
+        "SIM_TOKENS_PER_CHUNK": str(sim.tokens_per_chunk),
+        "SIM_EMPTY_CHUNKS": "1" if sim.empty_chunks else "0",
     }
     return [
         Document(
