@@ -9,18 +9,19 @@ import sys
 
 from doit import get_var
 
-from pipelines.deploy import Deploy, DeploySettings, KubeAccess  # noqa: E402
-from pipelines.deploy.records import who_ran  # noqa: E402
-from pipelines.errors import PipelineError  # noqa: E402
-from pipelines.fabric import Fabric, FabricSettings  # noqa: E402
-from pipelines.images import Images, ImageSettings, git_revision  # noqa: E402
-from pipelines.profile_check import ProfileCheck  # noqa: E402
-from pipelines.profiles import load_profile  # noqa: E402
-from pipelines.render import Render  # noqa: E402
-from pipelines.settings import read_settings  # noqa: E402
-from pipelines.steps import Engine  # noqa: E402
-from pipelines.store import Store  # noqa: E402
-from pipelines.weights import FetchOptions, Weights, WeightsSettings  # noqa: E402
+from pipelines.bench import Bench, BenchSettings
+from pipelines.deploy import Deploy, DeploySettings, KubeAccess
+from pipelines.deploy.records import who_ran
+from pipelines.errors import PipelineError
+from pipelines.fabric import Fabric, FabricSettings, fabric_refusal
+from pipelines.images import Images, ImageSettings, git_revision
+from pipelines.profile_check import ProfileCheck
+from pipelines.profiles import load_profile
+from pipelines.render import Render
+from pipelines.settings import read_settings
+from pipelines.steps import Engine
+from pipelines.store import Store
+from pipelines.weights import FetchOptions, Weights, WeightsSettings
 
 PROFILE_NAME = get_var("profile", "local")
 IMAGE_DIGEST = get_var("image_digest", "")
@@ -107,12 +108,28 @@ try:
         if RENDER.step and PROFILE.fabric
         else None
     )
+    # The bench: what deploy says is live, refused while a ring's fabric check has not passed.
+    BENCH = (
+        Bench(
+            PROFILE,
+            ENGINE,
+            BenchSettings(
+                DEPLOY.live,
+                (lambda: fabric_refusal(ENGINE.store, PROFILE.name)) if FABRIC else None,
+                git_revision,
+                SETTINGS.bench_url,
+            ),
+        )
+        if DEPLOY
+        else None
+    )
 except PipelineError as err:
     sys.exit(f"error: {err}")
 
 # The table of contents: each stage yields its doit tasks, in the order a build runs them.
 STAGES = (PROFILE_CHECK, WEIGHTS, IMAGES) + ((RENDER, DEPLOY) if RENDER.step else ())
 STAGES += (FABRIC,) if FABRIC else ()
+STAGES += (BENCH,) if BENCH else ()
 
 DOIT_CONFIG = {"default_tasks": ["build"], "dep_file": str(ENGINE.store.root / "doit.sqlite3")}
 

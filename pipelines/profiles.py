@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from msgspec import Meta
+from msgspec import Meta, field
 
 from pipelines.errors import PipelineError
 from pipelines.paths import PROFILES_DIR
@@ -145,6 +145,36 @@ class Simulator(Strict, kw_only=True):
     empty_chunks: bool = False
 
 
+class Baseline(Strict, kw_only=True):
+    """One gated metric: its dotted name in the results, value, tolerance and direction."""
+
+    metric: Annotated[str, Meta(pattern=r"^(decode\.c[0-9]+|saturation|needles)\.[a-z0-9_]+$")]
+    value: Annotated[float, Meta(gt=0)]
+    tolerance: Annotated[float, Meta(ge=0, lt=1)] = 0.1
+    better: Literal["higher", "lower"]
+    source: str = ""  # where the number comes from (a measurement, the simulator's settings)
+
+
+class Bench(Strict, kw_only=True):
+    """What `doit bench` measures on this profile, and the baseline it must hold."""
+
+    # Where the service answers, when the deployment cannot say (Kubernetes: from the runner).
+    endpoint: Annotated[str, Meta(pattern=r"^https?://\S+$")] | None = None
+    concurrency: Annotated[list[Count], Meta(min_length=1)] = field(
+        default_factory=lambda: [1, 2, 4, 8]
+    )
+    requests_per_stream: Count = 1
+    prompt_tokens: Count = 256
+    # Output tokens per sweep request; the decode window is tokens 129-641, so at least 641.
+    max_tokens: Annotated[int, Meta(ge=641)] = 768
+    saturation_streams: Count = 8
+    saturation_tokens: Count = 6000
+    needles: list[Count] = []
+    needle_seconds_per_1k: Annotated[float, Meta(gt=0)] = 10.0
+    request_timeout_s: Annotated[float, Meta(gt=0)] = 900.0
+    baseline: list[Baseline] = []
+
+
 class Hygiene(Strict):
     """Node settings applied before a group boots."""
 
@@ -176,6 +206,7 @@ class Profile(Strict, kw_only=True):
     vllm: Vllm | None = None
     sglang: Sglang | None = None
     simulator: Simulator | None = None
+    bench: Bench = field(default_factory=Bench)
 
     def __post_init__(self) -> None:
         """The rules across sections, each naming its field."""

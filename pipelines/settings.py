@@ -37,6 +37,7 @@ class Settings:
     kubeconfig: str | None = None  # KUBECONFIG; None: ~/.kube/config
     kube_context: str | None = None
     kube_dry_run: bool = False  # every Kubernetes write with dryRun=All
+    bench_url: str = ""  # SPARKFORGE_BENCH_URL: the endpoint `doit bench` measures
 
 
 def positive(environ: Mapping[str, str], name: str) -> float | None:
@@ -97,4 +98,13 @@ def read_settings(environ: Mapping[str, str]) -> Settings:
         kubeconfig=environ.get("KUBECONFIG") or None,
         kube_context=environ.get("SPARKFORGE_KUBE_CONTEXT") or None,
         kube_dry_run=kube_dry_run(environ),
+        bench_url=bench_url(environ),
     )
+
+
+def bench_url(environ: Mapping[str, str]) -> str:
+    """SPARKFORGE_BENCH_URL, an http(s) URL, or empty."""
+    value = environ.get("SPARKFORGE_BENCH_URL", "")
+    if value and not re.fullmatch(r"https?://\S+", value):
+        raise PipelineError(f"environment SPARKFORGE_BENCH_URL={value!r}: expected http(s)://...")
+    return value

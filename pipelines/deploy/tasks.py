@@ -181,6 +181,18 @@ class Deploy:
         self._record(deployment, RESTORED, started, stable=restored, replaced=current)
         print(f"rollback: {deployment.key[:16]} restored; {restored}")
 
+    def live(self) -> dict[str, Any] | None:
+        """The deployment running now, as its record plus `endpoint` (None: nothing deployed).
+
+        Published for the bench: what it measures, and the provenance its results carry.
+        """
+        live = self.records.live()
+        if not live:
+            return None
+        last = live[-1]
+        deployment = Deployment.from_record(self.profile.name, last["deployment"])
+        return {**last, "endpoint": self.backend.endpoint(deployment)}
+
     def status(self) -> None:
         """What is deployed, whether it runs, and whether it is what `doit build` makes now."""
         live = self.records.live()

@@ -1,0 +1,9 @@
+"""The bench stage: exact token timing against the live endpoint, a report, a regression gate.
+
+Other stages use nothing from here; dodo.py builds it last, from deploy's `live()` and the
+fabric's verdict.
+"""
+
+from pipelines.bench.tasks import Bench, BenchError, BenchSettings
+
+__all__ = ["Bench", "BenchError", "BenchSettings"]

@@ -1,0 +1,59 @@
+"""The harness by hand, against any OpenAI-compatible endpoint, outside the pipeline.
+
+    python -m pipelines.bench cell --url http://127.0.0.1:8000 --model NAME --concurrency 8 \\
+        --requests 16 --max-tokens 768 --prompt-tokens 256 --out cell.json
+    python -m pipelines.bench probes --url ... --model NAME
+
+`cell` writes one closed-loop cell's summary under vLLM's key names at the top level, with
+the raw per-request timings under `requests`; `probes` prints the correctness probes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pipelines.bench.load import CellSpec, run_cell
+from pipelines.bench.probes import run_probes
+from pipelines.bench.run import cell_line, sweep_body
+from pipelines.files import write_atomic
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; the exit status says whether everything asked for passed."""
+    parser = argparse.ArgumentParser(prog="python -m pipelines.bench", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    cell = sub.add_parser("cell", help="one closed-loop cell")
+    probes = sub.add_parser("probes", help="the correctness probes")
+    for p in (cell, probes):
+        p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+        p.add_argument("--model", required=True, help="the served model name")
+        p.add_argument("--timeout", type=float, default=900.0, help="seconds per request")
+    cell.add_argument("--concurrency", type=int, default=1)
+    cell.add_argument("--requests", type=int, default=8)
+    cell.add_argument("--max-tokens", type=int, default=768)
+    cell.add_argument("--prompt-tokens", type=int, default=256)
+    cell.add_argument("--warmup", type=int, default=1)
+    cell.add_argument("--out", type=Path, help="write the cell's JSON here")
+    probes.add_argument("--min-context", type=int, default=0)
+    args = parser.parse_args(argv)
+    url = args.url.rstrip("/")
+    if args.command == "probes":
+        results = run_probes(url, args.model, args.min_context, args.timeout)
+        for probe in results:
+            print(f"{probe.name}: {'ok' if probe.passed else 'FAILED'} ({probe.detail})")
+        return 0 if all(p.passed for p in results) else 1
+    body = sweep_body(args.model, args.prompt_tokens, args.max_tokens)
+    spec = CellSpec(f"c{args.concurrency}", args.concurrency, args.requests, body, args.timeout)
+    result = run_cell(url, CellSpec(**{**spec.__dict__, "warmup": args.warmup}))
+    print(cell_line(result))
+    data = {**result.summary, "refused": result.refused, **result.as_json()}
+    if args.out:
+        write_atomic(args.out, (json.dumps(data, indent=1) + "\n").encode())
+    return 0 if not result.refused and not result.summary.get("failed") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

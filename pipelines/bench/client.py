@@ -1,0 +1,120 @@
+"""One streamed chat completion against an OpenAI-compatible server, timed chunk by chunk."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from typing import Any
+
+import urllib3
+
+from pipelines.bench.record import Event, RequestRecord
+from pipelines.bench.sse import DONE, EventBuffer, read_chunk
+
+STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
+
+
+@functools.cache
+def http_pool(connections: int = 64) -> urllib3.PoolManager:
+    """Kept-alive connections shared by every request of a run (no retries: a failure counts)."""
+    return urllib3.PoolManager(maxsize=connections, block=False, retries=False)
+
+
+def get_json(url: str, timeout: float = 30) -> tuple[int, Any]:
+    """GET a JSON document: (status, body or None)."""
+    r = http_pool().request("GET", url, timeout=timeout, preload_content=True)
+    try:
+        return r.status, json.loads(r.data)
+    except ValueError:
+        return r.status, None
+
+
+def post_json(url: str, body: dict[str, Any], timeout: float = 60) -> tuple[int, Any]:
+    """POST a JSON body and read a JSON answer: (status, body or None)."""
+    r = http_pool().request("POST", url, json=body, timeout=timeout, preload_content=True)
+    try:
+        return r.status, json.loads(r.data)
+    except ValueError:
+        return r.status, None
+
+
+def stream_chat(base_url: str, body: dict[str, Any], timeout: float) -> RequestRecord:
+    """POST a streaming chat completion and record every chunk's arrival; never raises."""
+    body = {**body, "stream": True, "stream_options": STREAM_OPTIONS}
+    record = RequestRecord(started=time.time())
+    origin = time.perf_counter()
+    try:
+        response = http_pool().request(
+            "POST",
+            f"{base_url}/v1/chat/completions",
+            json=body,
+            preload_content=False,
+            timeout=urllib3.Timeout(connect=min(timeout, 30), read=timeout),
+        )
+    except urllib3.exceptions.HTTPError as err:
+        record.error = f"unreachable: {type(err).__name__}: {reason_of(err)}"
+        return record
+    record.status = response.status
+    try:
+        if response.status != 200:
+            said = response.read()[:300].decode(errors="replace")
+            record.error = f"HTTP {response.status}: {said}"
+        else:
+            read_stream(response, record, origin, timeout)
+    except urllib3.exceptions.TimeoutError:
+        record.error = f"timeout: no chunk for {timeout:.0f} s"
+    except urllib3.exceptions.HTTPError as err:
+        record.error = f"stream broken: {type(err).__name__}: {reason_of(err)}"
+    finally:
+        record.ended = time.perf_counter() - origin
+        response.release_conn()
+    return record
+
+
+def read_stream(response, record: RequestRecord, origin: float, deadline: float) -> None:
+    """Read SSE events into record until [DONE]; a cut, an error body or the deadline fails it."""
+    events = EventBuffer()
+    done = False
+    while not done:
+        data = response.read1(65536)
+        now = time.perf_counter() - origin
+        if not data:
+            break
+        for payload in events.feed(data):
+            if payload.strip() == DONE:
+                done = True
+                break
+            chunk = read_chunk(payload)
+            if chunk.error:
+                record.error = f"error in stream: {chunk.error}"
+                return
+            take_chunk(record, chunk, now)
+        if now > deadline and not done:
+            record.error = f"timeout: no [DONE] within {deadline:.0f} s"
+            return
+    if not done:
+        record.error = "stream ended before [DONE]" + (" (mid-event)" if events.leftover else "")
+
+
+def take_chunk(record: RequestRecord, chunk, now: float) -> None:
+    """Add one chunk's arrival and content to the record."""
+    usage = chunk.usage or {}
+    tokens = usage.get("completion_tokens")
+    record.events.append(Event(now, tokens, chunk.carries_token, bool(chunk.content)))
+    record.content += chunk.content
+    record.reasoning += chunk.reasoning
+    record.tool_calls += chunk.tool_calls
+    record.finish_reason = chunk.finish_reason or record.finish_reason
+    if usage:
+        record.prompt_tokens = usage.get("prompt_tokens", record.prompt_tokens)
+        record.completion_tokens = tokens if tokens is not None else record.completion_tokens
+        details = usage.get("completion_tokens_details") or {}
+        if details.get("reasoning_tokens") is not None:
+            record.reasoning_tokens = details["reasoning_tokens"]
+
+
+def reason_of(err: Exception) -> str:
+    """The innermost reason of a urllib3 error, in a few words."""
+    reason = getattr(err, "reason", None) or err
+    return str(reason)[:200]

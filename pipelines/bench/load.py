@@ -1,0 +1,106 @@
+"""Closed-loop load: C streams, each sending its next request when its last one ends."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipelines.bench.client import stream_chat
+from pipelines.bench.record import RequestRecord
+from pipelines.bench.serverview import histogram_means, read_metrics, wait_until_idle
+from pipelines.bench.timing import steady_state, summarize
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    """One measured cell: its name, concurrency, requests in all, and the request body maker."""
+
+    name: str
+    concurrency: int
+    requests: int
+    body: Callable[[int], dict[str, Any]]  # request index -> chat completion body
+    timeout: float
+    warmup: int = 1
+
+
+@dataclass
+class Cell:
+    """A cell's outcome: the summary (vLLM keys), the raw records, or why it did not run."""
+
+    name: str
+    concurrency: int
+    summary: dict[str, Any] = field(default_factory=dict)
+    records: list[RequestRecord] = field(default_factory=list)
+    refused: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """The cell for the run's JSON, raw per-request timings kept."""
+        return {
+            "name": self.name,
+            "concurrency": self.concurrency,
+            "refused": self.refused,
+            "summary": self.summary,
+            "requests": [r.as_json() for r in self.records],
+        }
+
+
+def run_closed_loop(base_url: str, spec: CellSpec) -> tuple[list[RequestRecord], float]:
+    """Send spec.requests requests over spec.concurrency streams; records and wall seconds."""
+    records: list[RequestRecord | None] = [None] * spec.requests
+    next_index = iter(range(spec.requests))
+    lock = threading.Lock()
+
+    def stream() -> None:
+        while True:
+            with lock:
+                index = next(next_index, None)
+            if index is None:
+                return
+            records[index] = stream_chat(base_url, spec.body(index), spec.timeout)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=stream, daemon=True) for _ in range(spec.concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [r for r in records if r is not None], time.perf_counter() - started
+
+
+def short(body: dict[str, Any], tokens: int = 8) -> dict[str, Any]:
+    """The same request asking for only a few tokens."""
+    return {**body, "max_tokens": tokens, "min_tokens": min(tokens, body.get("min_tokens", 0))}
+
+
+def run_cell(base_url: str, spec: CellSpec, idle_timeout: float = 30.0) -> Cell:
+    """Warm up, wait for an idle server, then measure one cell with the server's view beside."""
+    cell = Cell(spec.name, spec.concurrency)
+    if spec.warmup:
+        # Short requests on every stream, dropped: the server warms up and each stream's
+        # kept-alive connection is open, so no measured request pays for a connect.
+        warm = CellSpec(
+            "warmup",
+            spec.concurrency,
+            spec.concurrency * spec.warmup,
+            lambda i: short(spec.body(-1 - i)),
+            spec.timeout,
+            0,
+        )
+        run_closed_loop(base_url, warm)
+    busy = wait_until_idle(base_url, idle_timeout)
+    if busy:
+        cell.refused = busy
+        return cell
+    before = read_metrics(base_url)
+    cell.records, duration = run_closed_loop(base_url, spec)
+    after = read_metrics(base_url)
+    cell.summary = {
+        "concurrency": spec.concurrency,
+        **summarize(cell.records, duration),
+        **steady_state(cell.records),
+        **histogram_means(before, after),
+    }
+    return cell

@@ -1,0 +1,116 @@
+"""The bench stage as a doit task: measure the live deployment, report, gate on the baseline."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipelines.errors import PipelineError
+from pipelines.profiles import Profile
+from pipelines.steps import Engine, side_task
+
+
+class BenchError(PipelineError):
+    """A benchmark that could not start, or whose run failed its expectations."""
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What the edge tells the bench: the live deployment, the fabric's word, the checkout."""
+
+    deployment: Callable[[], dict[str, Any] | None]  # deploy's published `live()`
+    fabric_refusal: Callable[[], str | None] | None = None  # None: the profile has no fabric
+    git: Callable[[], str] = lambda: "unknown"
+    endpoint: str = ""  # SPARKFORGE_BENCH_URL: overrides the profile's and the deployment's
+
+
+class Bench:
+    """The benchmark of one profile's live endpoint; publishes `run()` -> the report's path."""
+
+    name = "bench"
+
+    def __init__(self, profile: Profile, engine: Engine, settings: BenchSettings):
+        self.profile = profile
+        self.engine = engine
+        self.settings = settings
+
+    def provenance(self, deployed: dict[str, Any], endpoint: str) -> dict[str, Any]:
+        """Where the numbers come from: the deployment's record and this checkout."""
+        started = time.time()
+        return {
+            "profile": self.profile.name,
+            "endpoint": endpoint,
+            "model": self.profile.model.served_name,
+            "image": deployed.get("image"),
+            "lock_sha256": deployed.get("lock_sha256"),
+            "manifests_key": (deployed.get("deployment") or {}).get("key"),
+            "deployed_git": deployed.get("git"),
+            "deployed_at": deployed.get("finished"),
+            "git": self.settings.git(),
+            "started": started,
+            "started_iso": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
+        }
+
+    def endpoint(self, deployed: dict[str, Any]) -> str:
+        """The URL to measure: the environment's, the profile's, else the deployment's."""
+        url = self.settings.endpoint or self.profile.bench.endpoint or deployed.get("endpoint")
+        if not url:
+            raise BenchError(
+                f"profile {self.profile.name}: no endpoint to measure; set bench.endpoint in the"
+                " profile or SPARKFORGE_BENCH_URL"
+            )
+        return url.rstrip("/")
+
+    def run(self) -> Path:
+        """Probe, sweep, saturate, ask needles; write results, report, plots; gate."""
+        from pipelines.bench.report import decode_table, write_results
+        from pipelines.bench.run import gate, run_bench, say
+
+        deployed = self.settings.deployment()
+        if deployed is None:
+            raise BenchError(
+                f"profile {self.profile.name}: nothing deployed; run `doit deploy"
+                f" profile={self.profile.name}` first"
+            )
+        if self.settings.fabric_refusal and (why := self.settings.fabric_refusal()):
+            raise BenchError(f"bench refused: {why}")
+        url = self.endpoint(deployed)
+        max_len = self.max_model_len()
+        results = run_bench(
+            url,
+            self.profile.model.served_name,
+            max_len,
+            self.profile.bench,
+            self.provenance(deployed, url),
+        )
+        gate(results, self.profile.bench.baseline)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(results["provenance"]["started"]))
+        folder = self.engine.store.area("bench") / self.profile.name / stamp
+        data, report = write_results(folder, results)
+        print(decode_table(results))
+        say(f"results {data}")
+        say(f"report {report}")
+        if results["failures"]:
+            lines = "\n".join(f"  {f}" for f in results["failures"])
+            raise BenchError(f"bench {self.profile.name} failed ({report}):\n{lines}")
+        say(f"passed the gate ({len(results['gate'])} metrics)")
+        return report
+
+    def max_model_len(self) -> int:
+        """The context the profile serves (the models probe expects at least this)."""
+        p = self.profile
+        engine = p.vllm or p.simulator
+        if engine is not None:
+            return engine.max_model_len
+        return p.sglang.context_length if p.sglang else 0
+
+    def tasks(self) -> Iterator[dict[str, Any]]:
+        """bench: runs when asked, against what is deployed (never deploys itself)."""
+        yield side_task(
+            "bench",
+            "measure the deployed endpoint (probes, sweep, saturation, needles) and gate it",
+            self.run,
+        )
