@@ -22,7 +22,8 @@ class EventBuffer:
 
     def feed(self, data: bytes) -> list[str]:
         """The payloads of the events that data completes, in order."""
-        self._pending += data.replace(b"\r\n", b"\n")
+        # CRLF may straddle two reads: normalize the joined bytes, not each read.
+        self._pending = (self._pending + data).replace(b"\r\n", b"\n")
         *complete, self._pending = self._pending.split(b"\n\n")
         payloads = []
         for event in complete:

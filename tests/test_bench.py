@@ -1,0 +1,243 @@
+"""The bench harness: exact token timing against the simulator's known timing model, failed
+requests named, a busy server refused, and the gate naming the metric that regressed."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+import requests
+from sim_server import Sim, make_model
+
+from pipelines.bench.client import stream_chat
+from pipelines.bench.gate import check_baseline
+from pipelines.bench.load import CellSpec, run_cell
+from pipelines.bench.needles import fit_to_length, needle_prompt, server_counter
+from pipelines.bench.probes import run_probes
+from pipelines.bench.record import Event, RequestRecord
+from pipelines.bench.run import sweep_body
+from pipelines.bench.sse import EventBuffer, read_chunk
+from pipelines.bench.timing import CHUNKS, CONTINUOUS, FINAL_USAGE, request_timing, summarize
+
+# A timing model slow enough that loopback and thread overheads stay far below 2%.
+MODEL = {"ttft": 0.5, "prefill": 20000.0, "decode": 500.0, "falloff": 0.5}
+MAX_TOKENS = 700
+
+
+def start_sim(tmp_path, **env: str) -> Sim:
+    """A simulator with the test's timing model (and any SIM_* overrides)."""
+    settings = {
+        "SIM_TTFT_S": str(MODEL["ttft"]),
+        "SIM_PREFILL_TOK_S": str(MODEL["prefill"]),
+        "SIM_DECODE_TOK_S": str(MODEL["decode"]),
+        "SIM_DECODE_FALLOFF": str(MODEL["falloff"]),
+        **env,
+    }
+    return Sim(make_model(tmp_path / "model"), settings)
+
+
+@pytest.fixture
+def sims(tmp_path):
+    """Start simulators; all stopped at the end."""
+    started: list[Sim] = []
+
+    def start(**env: str) -> Sim:
+        started.append(start_sim(tmp_path / str(len(started)), **env))
+        return started[-1]
+
+    yield start
+    for sim in started:
+        sim.stop()
+
+
+def sim_truth(sim: Sim) -> dict:
+    """The server-side truth of every request since the last clear."""
+    return requests.get(f"{sim.url}/sim/requests", timeout=10).json()
+
+
+@pytest.mark.parametrize("per_chunk", [1, 3])
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_ttft_window_and_aggregate_are_within_2_percent_of_the_truth(sims, concurrency, per_chunk):
+    sim = sims(SIM_TOKENS_PER_CHUNK=str(per_chunk))
+    body = sweep_body("sim", 256, MAX_TOKENS)
+    cell = run_cell(sim.url, CellSpec("c", concurrency, concurrency, body, 60))
+    s = cell.summary
+    assert cell.refused is None and s["failed"] == 0 and s["method"] == CONTINUOUS
+    assert s["total_output_tokens"] == concurrency * MAX_TOKENS
+
+    prompt = cell.records[0].prompt_tokens
+    ttft = MODEL["ttft"] + prompt / MODEL["prefill"]
+    window = MODEL["decode"] / concurrency ** MODEL["falloff"]
+    measured = [r for r in sim_truth(sim) if r["completion_tokens"] == MAX_TOKENS]
+    wall = max(r["finished"] for r in measured) - min(r["received"] for r in measured)
+    aggregate = sum(r["completion_tokens"] for r in measured) / wall
+
+    assert s["median_ttft_ms"] / 1000 == pytest.approx(ttft, rel=0.02)
+    assert s["median_window_tok_s"] == pytest.approx(window, rel=0.02)
+    assert s["output_throughput"] == pytest.approx(aggregate, rel=0.02)
+    # The role-only chunk arrives at admission, long before the first token: not counted.
+    first = cell.records[0].events[0]
+    assert not first.carries and first.t < ttft / 2
+    # The server's own histograms, read around the cell, agree with the client.
+    assert s["server_mean_ttft_ms"] == pytest.approx(s["mean_ttft_ms"], rel=0.03)
+
+
+def test_a_multi_token_chunk_counts_as_its_tokens():
+    record = RequestRecord(started=0.0, completion_tokens=7)
+    for t, tokens, carries in [(0.1, 0, False), (1.0, 1, True), (1.3, 4, True), (1.6, 7, True)]:
+        record.events.append(Event(t, tokens, carries, carries))
+    timing = request_timing(record)
+    assert (timing.ttft, timing.e2el, timing.output_tokens) == (1.0, 1.6, 7)
+    assert timing.tpot == pytest.approx(0.1)  # (1.6 - 1.0) / 6
+    assert timing.itls == pytest.approx([0.1] * 6)  # each 0.3 s gap brought 3 tokens
+    assert timing.method == CONTINUOUS
+
+
+def test_without_continuous_usage_the_method_says_it_is_estimated():
+    spread = RequestRecord(started=0.0, completion_tokens=6)
+    spread.events = [Event(t, None, True, True) for t in (1.0, 1.2, 1.4)]
+    assert request_timing(spread).method == FINAL_USAGE
+    assert request_timing(spread).output_tokens == 6
+    bare = RequestRecord(started=0.0)
+    bare.events = [Event(t, None, True, True) for t in (1.0, 1.2, 1.4)]
+    assert request_timing(bare).method == CHUNKS
+
+
+def test_an_event_split_across_network_reads_is_read_once_whole():
+    stream = (
+        b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
+        b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":{"completion_tokens":1}}\r\n\r\n'
+        b'data: {"choices":[],"usage":{"completion_tokens":1}}\n\ndata: [DONE]\n\n'
+    )
+    buffer = EventBuffer()
+    payloads = [p for i in range(len(stream)) for p in buffer.feed(stream[i : i + 1])]
+    assert len(payloads) == 4 and payloads[-1] == "[DONE]"
+    role, token, usage = map(read_chunk, payloads[:3])
+    assert not role.carries_token and token.carries_token and not usage.carries_token
+    assert token.usage == {"completion_tokens": 1}
+
+
+class FaultServer(BaseHTTPRequestHandler):
+    """Test equipment: a chat endpoint that fails the way servers do, by the model name asked."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        fault = body["model"]
+        if fault == "http-500":
+            data = b'{"error": {"message": "engine dead"}}'
+            self.send_response(500)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n')
+        self.wfile.flush()
+        if fault == "error-body":
+            self.wfile.write(b'data: {"error": {"message": "out of KV cache", "code": 500}}\n\n')
+        elif fault == "slow":
+            time.sleep(3)
+        # "cut": the connection closes with no [DONE]
+
+
+@pytest.fixture
+def fault_url():
+    """A FaultServer on a free loopback port."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FaultServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def unused_port() -> int:
+    """A loopback port nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("error-body", "error in stream: out of KV cache"),
+        ("http-500", "HTTP 500"),
+        ("cut", "stream ended before [DONE]"),
+        ("slow", "timeout"),
+        ("unreachable", "unreachable"),
+    ],
+)
+def test_a_failed_request_counts_as_failed_with_its_reason(fault_url, fault, reason):
+    url = f"http://127.0.0.1:{unused_port()}" if fault == "unreachable" else fault_url
+    record = stream_chat(url, {"model": fault, "messages": []}, timeout=1)
+    assert not record.ok and reason in record.error
+    summary = summarize([record], duration=1.0)
+    assert (summary["completed"], summary["failed"]) == (0, 1)
+    assert reason in summary["errors"][0]
+
+
+def test_a_busy_server_makes_the_cell_refuse_to_start(sims):
+    sim = sims(SIM_DECODE_TOK_S="50", SIM_MAX_RUNNING="1")
+    body = sweep_body("sim", 16, MAX_TOKENS)
+    hog = threading.Thread(target=stream_chat, args=(sim.url, body(0), 60), daemon=True)
+    hog.start()
+    time.sleep(0.3)  # the long request is running
+    cell = run_cell(sim.url, CellSpec("c1", 1, 1, body, 60, warmup=0), idle_timeout=1)
+    assert cell.refused and "server busy: 1 running" in cell.refused
+    assert cell.records == []
+
+
+def test_probes_pass_on_the_simulator_and_a_wrong_model_name_fails_them(sims):
+    sim = sims(SIM_TTFT_S="0.01", SIM_DECODE_TOK_S="2000")
+    probes = run_probes(sim.url, "sim", 131072, 30)
+    assert [(p.name, p.passed) for p in probes] == [
+        ("models", True),
+        ("arithmetic", True),
+        ("thinking", True),
+        ("tool_call", True),
+        ("concurrent_8", True),
+    ]
+    (wrong,) = run_probes(sim.url, "another-model", 131072, 30)
+    assert not wrong.passed and "served: ['sim']" in wrong.detail
+
+
+def test_a_needle_prompt_is_fitted_to_the_servers_token_count(sims):
+    sim = sims(SIM_TTFT_S="0.01")
+    count = server_counter(sim.url, "sim", 30)
+    units = fit_to_length(3000, count, lambda n: needle_prompt(n, "k", "1234567", "n0", 0.5))
+    fitted = count(needle_prompt(units, "k", "1234567", "n0", 0.5))
+    assert 3000 - 40 < fitted <= 3000  # within one filler unit below the target
+
+
+BASELINE = [
+    SimpleNamespace(metric="decode.c1.median_window_tok_s", value=400.0, tolerance=0.05,
+                    better="higher"),
+    SimpleNamespace(metric="decode.c1.median_ttft_ms", value=300.0, tolerance=0.1,
+                    better="lower"),
+]  # fmt: skip
+
+
+def test_the_gate_names_the_metric_that_regressed_and_by_how_much():
+    def results(window, ttft):
+        return {"decode": [{"name": "c1", "summary": {"median_window_tok_s": window,
+                                                       "median_ttft_ms": ttft}}]}  # fmt: skip
+
+    assert check_baseline(results(390.0, 320.0), BASELINE) == []
+    (slow,) = check_baseline(results(320.0, 320.0), BASELINE)
+    assert slow.startswith("decode.c1.median_window_tok_s: 320 against baseline 400 (-20.0%")
+    (late,) = check_baseline(results(400.0, 345.0), BASELINE)
+    assert late.startswith("decode.c1.median_ttft_ms: 345 against baseline 300 (+15.0%")
+    (missing,) = check_baseline({"decode": []}, BASELINE[:1])
+    assert "not measured" in missing
