@@ -23,6 +23,7 @@ from pipelines.bench.record import Event, RequestRecord
 from pipelines.bench.run import sweep_body
 from pipelines.bench.sse import EventBuffer, read_chunk
 from pipelines.bench.timing import CHUNKS, CONTINUOUS, FINAL_USAGE, request_timing, summarize
+from pipelines.profiles import load_profile
 
 # A timing model slow enough that loopback and thread overheads stay far below 2%.
 MODEL = {"ttft": 0.5, "prefill": 20000.0, "decode": 500.0, "falloff": 0.5}
@@ -241,3 +242,12 @@ def test_the_gate_names_the_metric_that_regressed_and_by_how_much():
     assert late.startswith("decode.c1.median_ttft_ms: 345 against baseline 300 (+15.0%")
     (missing,) = check_baseline({"decode": []}, BASELINE[:1])
     assert "not measured" in missing
+
+
+def test_the_local_baseline_is_the_simulators_own_settings():
+    profile = load_profile("local")
+    sim, base = profile.simulator, {b.metric: b.value for b in profile.bench.baseline}
+    per_stream_at_8 = sim.decode_tok_s / 8**sim.decode_falloff
+    assert base["decode.c1.median_window_tok_s"] == sim.decode_tok_s
+    assert base["decode.c8.median_window_tok_s"] == pytest.approx(per_stream_at_8, rel=1e-3)
+    assert base["saturation.steady_output_throughput"] == pytest.approx(8 * per_stream_at_8, 1e-3)

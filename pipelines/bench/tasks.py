@@ -92,11 +92,11 @@ class Bench:
         data, report = write_results(folder, results)
         print(decode_table(results))
         say(f"results {data}")
-        say(f"report {report}")
         if results["failures"]:
             lines = "\n".join(f"  {f}" for f in results["failures"])
-            raise BenchError(f"bench {self.profile.name} failed ({report}):\n{lines}")
+            raise BenchError(f"bench {self.profile.name} failed (report {report}):\n{lines}")
         say(f"passed the gate ({len(results['gate'])} metrics)")
+        say(f"report {report}")
         return report
 
     def max_model_len(self) -> int:
