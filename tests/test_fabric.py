@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
+from kube_api import KubeDouble, KubeServer, job_status
 
 import devstack as local_stack
-from pipelines.deploy import DockerHosts, Member
+from pipelines.deploy import DockerHosts, KubeAccess, Member
 from pipelines.fabric import Fabric, FabricSettings, fabric_refusal, fabric_verdict
 from pipelines.fabric.expect import (
     TOLERANCE,
@@ -26,7 +28,7 @@ from pipelines.fabric.expect import (
     failures,
     parse_expectation,
 )
-from pipelines.fabric.launch import DockerLauncher, MemberRun
+from pipelines.fabric.launch import DockerLauncher, KubernetesLauncher, MemberRun
 from pipelines.fabric.nccllog import bus_bandwidth, parse_log
 from pipelines.paths import FABRIC_PROBE, PATCH_SOURCE, PROFILES_DIR
 from pipelines.profiles import ProfileError, load_profile
@@ -358,16 +360,19 @@ class Replay:
         ]
 
 
-def fabric_stage(tmp_path: Path, name: str, replay: Replay, expect: str = "") -> Fabric:
-    """The fabric stage of a ring profile as dodo wires it, its members replayed."""
+def fabric_stage(
+    tmp_path: Path, name: str, replay, expect: str = "", timeout_s: float = 900
+) -> Fabric:
+    """The fabric stage of a ring profile as dodo wires it; replay: a Replay or a factory."""
     profile = load_profile(name)
     engine = Engine(Store(tmp_path / "store"), root=REPO)
     weights = Weights(profile, engine, WeightsSettings(tmp_path / "store" / "weights"))
     image = SGLANG if name == "tp4-ring" else VLLM
     render = Render(profile, engine, weights.outputs, lambda: image, [])
     engine.run(render.step)
-    settings = FabricSettings((), "tester", lambda: "abc123", expect=expect)
-    settings = dataclasses.replace(settings, launcher=lambda profile, settings: replay)
+    settings = FabricSettings((), "tester", lambda: "abc123", expect=expect, timeout_s=timeout_s)
+    launcher = replay if callable(replay) else (lambda profile, settings: replay)
+    settings = dataclasses.replace(settings, launcher=launcher)
     return Fabric(profile, engine, render.step, settings)
 
 
@@ -536,3 +541,43 @@ def test_saved_logs_are_checked_by_hand_with_a_profile_or_an_expectation():
     assert ring.stdout.splitlines()[-1] == "fabric: failed (NET/IB)"
     unknown = check(str(NCCL / "torch-socket.log"), "--expect", "RDMA")
     assert unknown.returncode == 2 and unknown.stderr.startswith("error: expectation 'RDMA'")
+
+
+# --- the Kubernetes launcher against the API double (tests/kube_api.py), not a cluster ---
+
+
+def test_the_kubernetes_launcher_applies_a_job_per_member_reads_logs_and_deletes_them(tmp_path):
+    double = KubeDouble()
+    double.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "dsv41"}})
+    earlier = {"apiVersion": "batch/v1", "kind": "Job"}
+    earlier["metadata"] = {"name": "dsv41-flash-fabric-0", "namespace": "dsv41"}
+    double.add(earlier)  # left by an interrupted check: its template cannot change
+    for rank in range(3):
+        double.logs[f"dsv41-flash-fabric-{rank}"] = fixture("torch-socket.log")
+    failed = [job_status("Running"), job_status("Failed", "BackoffLimitExceeded")]
+    double.script("Job", "dsv41-flash-fabric-2", failed)
+    server = KubeServer(double)
+    try:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump(server.kubeconfig()))
+        access = KubeAccess(str(kubeconfig), poll_s=0.001)
+        launcher = lambda p, s: KubernetesLauncher(p, access)  # noqa: E731
+        stage = fabric_stage(tmp_path, "tp3-ring", launcher, timeout_s=10)
+        with pytest.raises(FabricError) as refused:
+            stage.check()
+    finally:
+        server.close()
+    lines = str(refused.value).splitlines()
+    assert lines[0].startswith("fabric: transport: 24 of 24 channel connections via NET/Socket")
+    assert lines[-1] == "fabric: member spark-3: the probe exited with status 1"
+    jobs = [f"Job/dsv41-flash-fabric-{rank}" for rank in range(3)]
+    assert double.applied() == [
+        "apply ConfigMap/dsv41-flash-fabric-probe",
+        f"delete {jobs[0]}",
+        *(f"apply {job}" for job in jobs),
+        *(f"delete {job}" for job in jobs),
+    ]
+    [path] = (tmp_path / "store" / "fabric" / "tp3-ring").glob("*.json")
+    result = json.loads(path.read_text())
+    assert [m["status"] for m in result["members"]] == [0, 0, 1]
+    assert result["image"] == VLLM
