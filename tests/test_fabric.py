@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import io
@@ -12,6 +13,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import docker.errors
 import pytest
 import yaml
 from kube_api import KubeDouble, KubeServer, job_status
@@ -487,6 +489,9 @@ def test_the_docker_launcher_runs_a_container_per_member_on_each_engine_then_rem
         runs = launcher.run(plans, 60)
         left = [x.name for cl in clients for x in cl.containers.list(all=True, filters=LABELLED)]
     finally:
+        for client in clients:  # the engines are shared with the other tests: leave no image
+            with contextlib.suppress(docker.errors.DockerException):
+                client.images.remove(tag, force=True)
         launcher.close()
     assert left == []
     assert [(r.rank, r.node, r.status) for r in runs] == [
