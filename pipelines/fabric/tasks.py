@@ -6,22 +6,18 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from pipelines.deploy import KubeAccess
-from pipelines.fabric.expect import (
-    Expectations,
-    FabricError,
-    expectations_for,
-    failures,
-    parse_expectation,
-)
-from pipelines.fabric.nccllog import NcclLog, add_log
 from pipelines.fabric.records import FAILED, PASSED, write_result
 from pipelines.profiles import Profile
 from pipelines.steps import Engine, Step, side_task
+
+if TYPE_CHECKING:  # the parser and the checks are imported when a check runs, not at `doit list`
+    from pipelines.fabric.expect import Expectations
+    from pipelines.fabric.nccllog import NcclLog
 
 # A 1 GiB sweep at the Socket fallback's ~3 GB/s takes minutes; a hung rendezvous takes forever.
 DEFAULT_TIMEOUT_S = 900
@@ -90,12 +86,17 @@ class Fabric:
 
     def expectations(self) -> Expectations:
         """The hand-given expectation, else the profile's."""
+        from pipelines.fabric.expect import expectations_for, parse_expectation
+
         if self.settings.expect:
             return parse_expectation(self.settings.expect)
         return expectations_for(self.profile)
 
     def check(self) -> Path:
         """Run, parse, check, keep one result; FabricError with one line per failure."""
+        from pipelines.fabric.expect import FabricError, failures
+        from pipelines.fabric.nccllog import NcclLog, add_log
+
         expect = self.expectations()
         key = self.engine.key(self.render)
         docs = fabric_documents(self.engine.output(self.render))
