@@ -10,6 +10,7 @@ import sys
 from doit import get_var
 
 from pipelines.bench import Bench, BenchSettings
+from pipelines.cache import remote_cache
 from pipelines.deploy import Deploy, DeploySettings, KubeAccess
 from pipelines.deploy.records import who_ran
 from pipelines.errors import PipelineError
@@ -53,7 +54,13 @@ def fetch_options(settings) -> FetchOptions:
 try:
     SETTINGS = read_settings(os.environ)
     PROFILE = load_profile(PROFILE_NAME, SETTINGS.profiles)
-    ENGINE = Engine(Store(SETTINGS.store))
+    REMOTE = remote_cache(
+        SETTINGS.remote_cache,
+        SETTINGS.cache_signing_key,
+        SETTINGS.cache_trusted_keys,
+        SETTINGS.cache_readonly,
+    )
+    ENGINE = Engine(Store(SETTINGS.store), remote=REMOTE)
     REGISTRY, DOCKER_HOSTS = stack_endpoints() if PROFILE.local_stack else (PROFILE.registry, ())
     DOCKER_HOST = DOCKER_HOSTS[0] if DOCKER_HOSTS else None
     if SETTINGS.registry_namespace:

@@ -14,7 +14,7 @@ STORE_ENV = "SPARKFORGE_STORE"
 WEIGHTS_ENV = "SPARKFORGE_WEIGHTS"
 BUILDER_ENV = "SPARKFORGE_BUILDER"
 # Names whose values are secrets: never rendered, printed or stored (checked on output).
-SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|ACCESS_KEY", re.IGNORECASE)
+SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|ACCESS_KEY|SIGNING_KEY", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,11 @@ class Settings:
     kube_context: str | None = None
     kube_dry_run: bool = False  # every Kubernetes write with dryRun=All
     bench_url: str = ""  # SPARKFORGE_BENCH_URL: the endpoint `doit bench` measures
+    remote_cache: str | None = None  # SPARKFORGE_REMOTE_CACHE: s3://BUCKET/PREFIX
+    # SPARKFORGE_CACHE_SIGNING_KEY: a secret (never printed: repr=False, and in `secrets`).
+    cache_signing_key: str | None = field(repr=False, default=None)
+    cache_trusted_keys: tuple[str, ...] = ()  # SPARKFORGE_CACHE_TRUSTED_KEYS, comma-separated
+    cache_readonly: bool = False  # SPARKFORGE_CACHE_READONLY=1: read and verify, never write
 
 
 def positive(environ: Mapping[str, str], name: str) -> float | None:
@@ -99,7 +104,33 @@ def read_settings(environ: Mapping[str, str]) -> Settings:
         kube_context=environ.get("SPARKFORGE_KUBE_CONTEXT") or None,
         kube_dry_run=kube_dry_run(environ),
         bench_url=bench_url(environ),
+        remote_cache=remote_cache_url(environ),
+        cache_signing_key=environ.get("SPARKFORGE_CACHE_SIGNING_KEY") or None,
+        cache_trusted_keys=tuple(
+            k.strip()
+            for k in environ.get("SPARKFORGE_CACHE_TRUSTED_KEYS", "").split(",")
+            if k.strip()
+        ),
+        cache_readonly=flag(environ, "SPARKFORGE_CACHE_READONLY"),
     )
+
+
+def remote_cache_url(environ: Mapping[str, str]) -> str | None:
+    """SPARKFORGE_REMOTE_CACHE, s3://BUCKET/PREFIX, or None."""
+    value = environ.get("SPARKFORGE_REMOTE_CACHE", "")
+    if value and not re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]+/[^\s]*[^/\s][^\s]*", value):
+        raise PipelineError(
+            f"environment SPARKFORGE_REMOTE_CACHE={value!r}: expected s3://BUCKET/PREFIX"
+        )
+    return value or None
+
+
+def flag(environ: Mapping[str, str], name: str) -> bool:
+    """A 0/1 switch from the environment (unset: off)."""
+    value = environ.get(name, "")
+    if value not in ("", "0", "1"):
+        raise PipelineError(f"environment {name}={value!r}: expected 1 or 0")
+    return value == "1"
 
 
 def bench_url(environ: Mapping[str, str]) -> str:

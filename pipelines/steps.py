@@ -7,6 +7,7 @@ backend (the registry) when its output does not live in the store.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,18 @@ class Cache(Protocol):
 
     def publish(self, key: str, work: Path, record: dict[str, Any]) -> None:
         """Make the finished work folder (its out/) the output of key, all or nothing."""
+
+
+class RemoteCache(Cache, Protocol):
+    """A cache shared between machines, layered under the store for store-backed steps."""
+
+    writable: bool
+
+    def restore(self, key: str, out: Path) -> dict[str, Any] | None:
+        """Fill out with key's verified output and return its record; None when absent.
+
+        Raises PipelineError (one line) when an entry is there but must not be used.
+        """
 
 
 class Input(Protocol):
@@ -84,9 +97,11 @@ GRAPH: dict[str, tuple[Engine, Step]] = {}
 class Engine:
     """Computes step keys (once per process) and runs steps through the store or their cache."""
 
-    def __init__(self, store: Store, root: Path = REPO_ROOT):
+    def __init__(self, store: Store, root: Path = REPO_ROOT, remote: RemoteCache | None = None):
         self.store = store
         self.root = Path(root)
+        self.remote = remote
+        self._asked_remote: set[str] = set()
         self._materials: dict[str, dict[str, Any]] = {}
         self._files: dict[str, dict[str, dict[str, str]]] = {}
 
@@ -138,8 +153,29 @@ class Engine:
         return step.cache or self.store
 
     def is_done(self, step: Step) -> bool:
-        """True when output for the step's current key exists where the step keeps it."""
-        return self.cache(step).has(self.key(step))
+        """True when output for the step's current key exists where the step keeps it; a
+        store-backed step's output found in the remote cache is restored into the store."""
+        key = self.key(step)
+        if step.cache is not None:
+            return step.cache.has(key)
+        return self.store.has(key) or self.restore(step, key)
+
+    def restore(self, step: Step, key: str) -> bool:
+        """Restore key's output from the remote cache (once per process); False to build it."""
+        if self.remote is None or key in self._asked_remote:
+            return False
+        self._asked_remote.add(key)
+        remote = self.remote
+        started = time.monotonic()
+        try:
+            restored = self.store.restore(key, lambda out: remote.restore(key, out))
+        except PipelineError as err:
+            print(f"{step.name}: {remote.name}: refused {key[:16]}: {err}; building it here")
+            return False
+        if restored:
+            took = time.monotonic() - started
+            print(f"{step.name}: restored {key[:16]} from {remote.name} ({took:.2f} s)")
+        return restored
 
     def output(self, step: Step) -> Path:
         """The stored output folder of a step that is done (store-backed steps)."""
@@ -162,7 +198,26 @@ class Engine:
         where = "" if step.cache is None else f" in {step.cache.name}"
         state = "built" if built else "found"
         print(f"{step.name}: {state} {key[:16]}{where} ({took:.2f} s)")
+        if built and step.cache is None:
+            self.upload(step, key)
         return out
+
+    def upload(self, step: Step, key: str) -> None:
+        """Share a store-backed step's new output through the remote cache, when writable.
+
+        A failed upload is one line, not a failed step: the output stands here.
+        """
+        if self.remote is None or not self.remote.writable:
+            return
+        started = time.monotonic()
+        folder = self.store.step_dir(key)
+        try:
+            self.remote.publish(key, folder, json.loads((folder / "step.json").read_text()))
+        except PipelineError as err:
+            print(f"{step.name}: not uploaded to {self.remote.name}: {err}")
+            return
+        took = time.monotonic() - started
+        print(f"{step.name}: uploaded {key[:16]} to {self.remote.name} ({took:.2f} s)")
 
     def task(self, step: Step, **extra: Any) -> dict[str, Any]:
         """The doit task dict of a step: staleness decided by its key, never by doit's MD5."""

@@ -103,6 +103,24 @@ class Store:
         for stale in (self.root / "tmp").glob(f"{key}.*"):
             shutil.rmtree(stale, ignore_errors=True)
 
+    def restore(self, key: str, fill: Callable[[Path], dict[str, Any] | None]) -> bool:
+        """Publish under key what fill writes into a temp out/ folder (it verifies, and returns
+        the record, or None when it has nothing): check, lock, check again, fill, rename."""
+        if self.has(key):
+            return True
+        with self.lock(key):
+            if self.has(key):
+                return True
+            self.remove_leftovers(key)
+            with self.temp_dir(key) as work:
+                (work / "out").mkdir()
+                record = fill(work / "out")
+                if record is None:
+                    return False
+                self.publish(key, work, record)
+            self.remember(record)
+        return True
+
     def build(
         self,
         key: str,

@@ -1,0 +1,28 @@
+"""The remote cache of step outputs (S3, signed entries): the engine's third cache backend."""
+
+from __future__ import annotations
+
+from pipelines.cache.remote import RemoteCache
+from pipelines.cache.signing import TRUSTED_ENV, public_text, signing_key, trusted_keys
+from pipelines.errors import PipelineError
+
+__all__ = ["RemoteCache", "remote_cache"]
+
+
+def remote_cache(
+    url: str | None, signing: str | None, trusted: tuple[str, ...], readonly: bool
+) -> RemoteCache | None:
+    """The remote cache the settings ask for, or None; a writer also trusts its own key."""
+    if not url:
+        return None
+    signer = signing_key(signing) if signing else None
+    keys = trusted_keys(trusted)
+    if signer is not None:
+        own = signer.public_key()
+        keys.setdefault(public_text(own), own)
+    if not keys:
+        raise PipelineError(
+            f"environment SPARKFORGE_REMOTE_CACHE={url!r}: no key is trusted; set {TRUSTED_ENV}"
+            " (comma-separated ed25519 public keys, base64)"
+        )
+    return RemoteCache(url, keys, signer, readonly or signer is None)

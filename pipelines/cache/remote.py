@@ -1,0 +1,206 @@
+"""The remote cache: step outputs in an S3-compatible bucket, shared by runners that start empty.
+
+Layout under s3://BUCKET/PREFIX: `objects/sha256/<hex>` (file bytes, content-addressed, written
+first) and `entries/<key>.json` (the signed index, written last: an entry is visible only once
+everything it names is there). Readers verify the signature against their trusted keys and every
+byte against the index before anything reaches the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from pipelines.cache.entries import EntryFile, Refused, check_entry, make_entry, output_files
+from pipelines.errors import PipelineError
+
+CHUNK = 1 << 20
+WORKERS = 8
+# S3-compatible stores (SeaweedFS, MinIO, Ceph) reject or mishandle the newer default checksums.
+CLIENT_CONFIG = dict(
+    s3={"addressing_style": "path"},
+    request_checksum_calculation="when_required",
+    response_checksum_validation="when_required",
+    retries={"max_attempts": 5, "mode": "standard"},
+    connect_timeout=10,
+    read_timeout=60,
+)
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """(bucket, prefix) of s3://BUCKET/PREFIX."""
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    if not url.startswith("s3://") or not bucket or not prefix.strip("/"):
+        raise PipelineError(
+            f"environment SPARKFORGE_REMOTE_CACHE={url!r}: expected s3://BUCKET/PREFIX"
+        )
+    return bucket, prefix.strip("/")
+
+
+@contextlib.contextmanager
+def s3_errors(what: str) -> Iterator[None]:
+    """A failed S3 call inside the block as one PipelineError line about what."""
+    import botocore.exceptions
+
+    try:
+        yield
+    except botocore.exceptions.EndpointConnectionError as err:
+        endpoint = err.kwargs.get("endpoint_url")
+        raise PipelineError(f"{what}: S3 endpoint unreachable ({endpoint})") from None
+    except botocore.exceptions.ClientError as err:
+        code = err.response.get("Error", {}).get("Code", "?")
+        raise PipelineError(f"{what}: S3 said {code}") from None
+    except botocore.exceptions.BotoCoreError as err:
+        raise PipelineError(f"{what}: {type(err).__name__}: {err}") from None
+
+
+def missing(err: Exception) -> bool:
+    """True when an S3 error says the object is not there."""
+    code = getattr(err, "response", {}).get("Error", {}).get("Code")
+    return code in ("404", "NoSuchKey", "NotFound")
+
+
+@dataclass
+class RemoteCache:
+    """The engine's remote backend (has, publish, restore) for store-backed steps.
+
+    Writes only with a signing key and not read-only; reads only entries a trusted key signed.
+    """
+
+    url: str
+    trusted: dict[str, Ed25519PublicKey]
+    signer: Ed25519PrivateKey | None = field(default=None, repr=False)
+    readonly: bool = False
+
+    def __post_init__(self) -> None:
+        self.bucket, self.prefix = parse_url(self.url)
+        self.name = f"remote cache {self.url}"
+
+    @property
+    def writable(self) -> bool:
+        """True when this run may upload: it holds a signing key and is not read-only."""
+        return self.signer is not None and not self.readonly
+
+    @cached_property
+    def client(self):
+        """A boto3 S3 client from the standard AWS chain (made on first use)."""
+        import boto3
+        import botocore.config
+
+        session = boto3.session.Session()
+        if session.get_credentials() is None:
+            raise PipelineError(
+                f"{self.name}: no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY,"
+                " or AWS_PROFILE"
+            )
+        config = botocore.config.Config(max_pool_connections=WORKERS * 2, **CLIENT_CONFIG)
+        return session.client("s3", config=config)
+
+    def entry_key(self, key: str) -> str:
+        """The object key of a step key's signed index."""
+        return f"{self.prefix}/entries/{key}.json"
+
+    def object_key(self, sha256: str) -> str:
+        """The object key of file bytes by their sha256."""
+        return f"{self.prefix}/objects/sha256/{sha256}"
+
+    def has(self, key: str) -> bool:
+        """True when an index for key is there (not yet verified: restore does that)."""
+        import botocore.exceptions
+
+        with s3_errors(self.name):
+            try:
+                self.client.head_object(Bucket=self.bucket, Key=self.entry_key(key))
+            except botocore.exceptions.ClientError as err:
+                if missing(err):
+                    return False
+                raise
+        return True
+
+    def restore(self, key: str, out: Path) -> dict[str, Any] | None:
+        """Fill the empty folder out with key's verified output; its record, or None when absent.
+
+        Raises Refused (one line) for an entry that must not be used.
+        """
+        import botocore.exceptions
+
+        with s3_errors(self.name):
+            try:
+                body = self.client.get_object(Bucket=self.bucket, Key=self.entry_key(key))["Body"]
+                data = body.read()
+            except botocore.exceptions.ClientError as err:
+                if missing(err):
+                    return None
+                raise
+            entry = check_entry(data, key, self.trusted)
+            for folder in entry.dirs:
+                (out / folder).mkdir(parents=True, exist_ok=True)
+            with ThreadPoolExecutor(WORKERS) as pool:
+                list(pool.map(lambda f: self.download(f, out), entry.files))
+        return entry.record
+
+    def download(self, f: EntryFile, out: Path) -> None:
+        """One file of an entry, hashed as it arrives; Refused unless size and sha256 match."""
+        import botocore.exceptions
+
+        target = out / f.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        what = f"{f.path}: object sha256:{f.sha256[:16]}"
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self.object_key(f.sha256))["Body"]
+        except botocore.exceptions.ClientError as err:
+            if missing(err):
+                raise Refused(f"{what} missing (a partial entry)") from None
+            raise
+        digest = hashlib.sha256()
+        size = 0
+        with open(target, "wb") as dest:
+            while chunk := body.read(CHUNK):
+                size += len(chunk)
+                if size > f.size:
+                    break
+                digest.update(chunk)
+                dest.write(chunk)
+        if size != f.size:
+            raise Refused(
+                f"{what} has {size} bytes or more, expected {f.size} (truncated or grown)"
+            )
+        if digest.hexdigest() != f.sha256:
+            raise Refused(f"{what} has sha256 {digest.hexdigest()[:16]} (corrupted)")
+        target.chmod(f.mode)
+
+    def publish(self, key: str, work: Path, record: dict[str, Any]) -> None:
+        """Upload work/out: the objects it lacks first, then the signed index (never read-only)."""
+        if not self.writable:
+            return
+        files, dirs = output_files(work / "out")
+        with s3_errors(f"{self.name}: upload of {record['name']}"):
+            with ThreadPoolExecutor(WORKERS) as pool:
+                list(pool.map(lambda f: self.upload(f, work / "out" / f.path), files))
+            entry = make_entry(key, record, files, dirs, self.signer)
+            self.client.put_object(Bucket=self.bucket, Key=self.entry_key(key), Body=entry)
+
+    def upload(self, f: EntryFile, path: Path) -> None:
+        """Put one file's bytes under its sha256 unless an object of its size is there already."""
+        import botocore.exceptions
+
+        name = self.object_key(f.sha256)
+        try:
+            if self.client.head_object(Bucket=self.bucket, Key=name)["ContentLength"] == f.size:
+                return
+        except botocore.exceptions.ClientError as err:
+            if not missing(err):
+                raise
+        # Read once more here: the bytes sent must be the bytes hashed (the store is immutable).
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != f.sha256:
+            raise PipelineError(f"{path}: changed while uploading")
+        self.client.put_object(Bucket=self.bucket, Key=name, Body=data)

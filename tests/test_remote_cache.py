@@ -1,0 +1,260 @@
+"""The remote cache on the local stack's S3, as runners use it: `doit build profile=local` in
+store folders that share one signed cache (each test under a prefix of its own)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pipelines.cache import remote_cache
+from pipelines.cache.entries import parse_index
+from pipelines.cache.signing import keygen, sign, signing_key
+from pipelines.errors import PipelineError
+from pipelines.keys import canonical_json
+
+REPO = Path(__file__).resolve().parent.parent
+BUCKET = "models"  # the stack's bucket; every test works under a prefix of its own
+STEPS = {"profile", "patch_config", "render"}  # the store-backed steps of the local profile
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    """Two key pairs: (private PEM, public) trusted, and one nobody trusts."""
+    root = tmp_path_factory.mktemp("keys")
+    pairs = {}
+    for name in ("trusted", "stranger"):
+        public = keygen(root / name)
+        pairs[name] = ((root / name).read_text(), public)
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def cache(stack, s3, keys, tmp_path_factory):
+    """A cache prefix filled by one writer's build (store A), and what A stored."""
+    root = tmp_path_factory.mktemp("remote")
+    prefix = f"remote-cache-test-{uuid.uuid4().hex[:8]}"
+    world = {"root": root, "prefix": prefix, "weights": root / "weights"}
+    first = doit(world, root / "a", prefix, keys["trusted"][0], trusted=keys["trusted"][1])
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert uploaded(first.stdout) == STEPS
+    # The secret never shows, not even in a build's own output.
+    assert "PRIVATE KEY" not in first.stdout + first.stderr
+    world["first"] = first
+    world["store"] = root / "a"
+    yield world
+    for prefix_used in {prefix, *world.get("copies", [])}:
+        delete_prefix(s3, prefix_used)
+
+
+def doit(
+    world, store: Path, prefix: str, signing: str | None, **extra
+) -> subprocess.CompletedProcess:
+    """`doit build profile=local` with its own store folder, sharing the cache under prefix."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKFORGE_CACHE")}
+    env.update(
+        SPARKFORGE_STORE=str(store),
+        # Same weights path on every "runner" (as on CI), so render's keys agree.
+        SPARKFORGE_WEIGHTS=str(world["weights"]),
+        SPARKFORGE_REMOTE_CACHE=f"s3://{BUCKET}/{prefix}",
+    )
+    env.pop("SPARKFORGE_REGISTRY_NAMESPACE", None)
+    if signing:
+        env["SPARKFORGE_CACHE_SIGNING_KEY"] = signing
+    if "trusted" in extra:
+        env["SPARKFORGE_CACHE_TRUSTED_KEYS"] = extra.pop("trusted")
+    env.update(extra)
+    return subprocess.run(
+        [sys.executable, "-m", "doit", "build", "profile=local"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def said(output: str, verb: str) -> set[str]:
+    """Steps an output line says were `verb` (built, restored, uploaded)."""
+    return set(re.findall(rf"^(\w+): {verb} [0-9a-f]{{16}}", output, re.MULTILINE))
+
+
+def uploaded(output: str) -> set[str]:
+    """Steps whose output went to the remote cache."""
+    return said(output, "uploaded")
+
+
+def tree(store: Path) -> dict[str, str]:
+    """Every file under a store's steps/, relative path -> sha256."""
+    steps = store / "steps"
+    return {
+        str(p.relative_to(steps)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(steps.rglob("*"))
+        if p.is_file()
+    }
+
+
+def outputs(store: Path) -> dict[str, str]:
+    """The step outputs of a store (its records aside: they carry times)."""
+    return {k: v for k, v in tree(store).items() if "/out/" in k}
+
+
+def listing(s3, prefix: str) -> dict[str, int]:
+    """Object key -> size under a prefix."""
+    found = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix + "/"):
+        found.update((o["Key"], o["Size"]) for o in page.get("Contents", []))
+    return found
+
+
+def delete_prefix(s3, prefix: str) -> None:
+    """Remove a test's objects."""
+    for key in listing(s3, prefix):
+        s3.delete_object(Bucket=BUCKET, Key=key)
+
+
+def copy_cache(s3, world, name: str) -> str:
+    """A copy of the filled cache under a new prefix (for a test to break)."""
+    prefix = f"{world['prefix']}-{name}-{uuid.uuid4().hex[:6]}"
+    world.setdefault("copies", []).append(prefix)
+    for key in listing(s3, world["prefix"]):
+        s3.copy_object(
+            Bucket=BUCKET,
+            Key=prefix + key[len(world["prefix"]) :],
+            CopySource={"Bucket": BUCKET, "Key": key},
+        )
+    return prefix
+
+
+def entry_of(s3, prefix: str, store: Path, step: str) -> tuple[str, dict]:
+    """(key, parsed entry) of a step's entry in the cache under prefix."""
+    records = list((store / "records" / step).glob("*.json"))
+    key = records[0].stem
+    body = s3.get_object(Bucket=BUCKET, Key=f"{prefix}/entries/{key}.json")["Body"].read()
+    return key, json.loads(body)
+
+
+def test_second_store_does_no_step_work_and_restores_every_output_verified(cache, keys):
+    shutil.rmtree(cache["weights"])  # a runner that starts empty (weights come from their bucket)
+    reader = cache["root"] / "b"
+    second = doit(cache, reader, cache["prefix"], None, trusted=keys["trusted"][1])
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert said(second.stdout, "built") == set()
+    assert said(second.stdout, "restored") == STEPS
+    assert "refused" not in second.stdout
+    for step in STEPS:
+        assert f"-- {step}" in second.stdout  # up to date: doit ran no step action
+    # Every stored output and record, byte for byte the writer's.
+    assert tree(reader) == tree(cache["store"])
+    assert len(list((reader / "steps").iterdir())) == len(STEPS)
+    # The patched config is staged from the restored step, as after a build.
+    staged = next((cache["weights"] / "models").iterdir()) / "config.json"
+    assert '"num_attention_heads": 72' in staged.read_text()
+    # A read-only reader uploads nothing.
+    assert uploaded(second.stdout) == set()
+
+
+@pytest.mark.parametrize("damage", ["truncated object", "missing object", "truncated index"])
+def test_a_damaged_entry_is_refused_in_one_line_and_rebuilt(cache, keys, s3, tmp_path, damage):
+    prefix = copy_cache(s3, cache, damage.replace(" ", "-"))
+    key, entry = entry_of(s3, prefix, cache["store"], "render")
+    obj = f"{prefix}/objects/sha256/{entry['index']['files'][0]['sha256']}"
+    if damage == "truncated object":
+        data = s3.get_object(Bucket=BUCKET, Key=obj)["Body"].read()
+        s3.put_object(Bucket=BUCKET, Key=obj, Body=data[: len(data) // 2])
+    elif damage == "missing object":
+        s3.delete_object(Bucket=BUCKET, Key=obj)
+    else:
+        data = s3.get_object(Bucket=BUCKET, Key=f"{prefix}/entries/{key}.json")["Body"].read()
+        s3.put_object(Bucket=BUCKET, Key=f"{prefix}/entries/{key}.json", Body=data[:100])
+    run = doit(cache, tmp_path / "store", prefix, None, trusted=keys["trusted"][1])
+    assert run.returncode == 0, run.stdout + run.stderr
+    refusals = [line for line in run.stdout.splitlines() if "refused" in line]
+    assert len(refusals) == 1 and refusals[0].startswith(f"render: remote cache s3://{BUCKET}/")
+    expected = {
+        "truncated object": "(truncated or grown)",
+        "missing object": "missing (a partial entry)",
+        "truncated index": "index unreadable",
+    }[damage]
+    assert expected in refusals[0] and refusals[0].endswith("building it here")
+    assert said(run.stdout, "built") == {"render"}
+    assert said(run.stdout, "restored") == STEPS - {"render"}
+    # Rebuilt, never used: the same bytes as the writer's, and no temp folder left behind.
+    assert outputs(tmp_path / "store") == outputs(cache["store"])
+    assert list((tmp_path / "store" / "tmp").iterdir()) == []
+
+
+@pytest.mark.parametrize("forgery", ["altered, trusted signer named", "signed by a stranger"])
+def test_a_forged_entry_is_refused(cache, keys, s3, tmp_path, forgery):
+    prefix = copy_cache(s3, cache, "forged")
+    key, entry = entry_of(s3, prefix, cache["store"], "render")
+    # The attack: other bytes for the launch plan, with a valid index naming them.
+    evil = b"image: attacker.example/evil:latest\n"
+    sha = hashlib.sha256(evil).hexdigest()
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}/objects/sha256/{sha}", Body=evil)
+    index = entry["index"]
+    index["files"][0].update(size=len(evil), sha256=sha)
+    parse_index(index, key, "")  # the index itself is valid
+    if forgery == "signed by a stranger":
+        # A real signature over the altered index, by a key nobody here trusts.
+        stranger = signing_key(keys["stranger"][0])
+        forged = {
+            "index": index,
+            "signer": keys["stranger"][1],
+            "signature": sign(stranger, canonical_json(index)),
+        }
+    else:
+        forged = entry  # the trusted signer named, its old signature over the altered index
+    s3.put_object(
+        Bucket=BUCKET, Key=f"{prefix}/entries/{key}.json", Body=json.dumps(forged).encode()
+    )
+    run = doit(cache, tmp_path / "store", prefix, None, trusted=keys["trusted"][1])
+    assert run.returncode == 0, run.stdout + run.stderr
+    refusals = [line for line in run.stdout.splitlines() if "refused" in line]
+    assert len(refusals) == 1 and refusals[0].startswith("render: remote cache")
+    if forgery == "signed by a stranger":
+        assert f"signed by {keys['stranger'][1]}, a key not trusted here" in refusals[0]
+    else:
+        assert "signature does not verify" in refusals[0]
+    assert said(run.stdout, "built") == {"render"}
+    out = next(p for p in (tmp_path / "store" / "steps").glob("*/out/launch-*.yaml"))
+    assert b"attacker" not in out.read_bytes()
+
+
+@pytest.mark.parametrize("mode", ["SPARKFORGE_CACHE_READONLY=1", "no signing key"])
+def test_a_read_only_cache_never_writes(cache, keys, s3, tmp_path, mode):
+    prefix = f"{cache['prefix']}-readonly-{uuid.uuid4().hex[:6]}"
+    cache.setdefault("copies", []).append(prefix)
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}/marker", Body=b"")
+    before = listing(s3, prefix)
+    signing = keys["trusted"][0] if mode.startswith("SPARKFORGE") else None
+    extra = {"SPARKFORGE_CACHE_READONLY": "1"} if signing else {}
+    run = doit(cache, tmp_path / "store", prefix, signing, trusted=keys["trusted"][1], **extra)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert said(run.stdout, "built") == STEPS  # nothing to restore: all built here
+    assert uploaded(run.stdout) == set()
+    assert listing(s3, prefix) == before
+
+
+def test_settings_are_refused_in_one_line(keys):
+    with pytest.raises(PipelineError, match="no key is trusted"):
+        remote_cache("s3://models/x", None, (), False)
+    with pytest.raises(PipelineError, match="not an ed25519 public key"):
+        remote_cache("s3://models/x", None, ("bm90IGEga2V5",), False)
+    with pytest.raises(PipelineError, match="expected an ed25519 private key") as err:
+        remote_cache("s3://models/x", "not-a-key-but-a-secret", (), False)
+    assert "not-a-key-but-a-secret" not in str(err.value)
+    # A writer trusts its own key; without a signing key the cache is read-only.
+    writer = remote_cache("s3://models/x", keys["trusted"][0], (), False)
+    assert writer.writable and keys["trusted"][1] in writer.trusted
+    assert "PRIVATE" not in repr(writer)
+    assert not remote_cache("s3://models/x", None, (keys["trusted"][1],), False).writable
+    assert not remote_cache("s3://models/x", keys["trusted"][0], (), True).writable
