@@ -162,7 +162,9 @@ def test_second_store_does_no_step_work_and_restores_every_output_verified(cache
     assert uploaded(second.stdout) == set()
 
 
-@pytest.mark.parametrize("damage", ["truncated object", "missing object", "truncated index"])
+@pytest.mark.parametrize(
+    "damage", ["truncated object", "flipped byte", "missing object", "truncated index"]
+)
 def test_a_damaged_entry_is_refused_in_one_line_and_rebuilt(cache, keys, s3, tmp_path, damage):
     prefix = copy_cache(s3, cache, damage.replace(" ", "-"))
     key, entry = entry_of(s3, prefix, cache["store"], "render")
@@ -170,6 +172,10 @@ def test_a_damaged_entry_is_refused_in_one_line_and_rebuilt(cache, keys, s3, tmp
     if damage == "truncated object":
         data = s3.get_object(Bucket=BUCKET, Key=obj)["Body"].read()
         s3.put_object(Bucket=BUCKET, Key=obj, Body=data[: len(data) // 2])
+    elif damage == "flipped byte":
+        data = bytearray(s3.get_object(Bucket=BUCKET, Key=obj)["Body"].read())
+        data[len(data) // 2] ^= 1
+        s3.put_object(Bucket=BUCKET, Key=obj, Body=bytes(data))
     elif damage == "missing object":
         s3.delete_object(Bucket=BUCKET, Key=obj)
     else:
@@ -181,6 +187,7 @@ def test_a_damaged_entry_is_refused_in_one_line_and_rebuilt(cache, keys, s3, tmp
     assert len(refusals) == 1 and refusals[0].startswith(f"render: remote cache s3://{BUCKET}/")
     expected = {
         "truncated object": "(truncated or grown)",
+        "flipped byte": "(corrupted)",
         "missing object": "missing (a partial entry)",
         "truncated index": "index unreadable",
     }[damage]
