@@ -1,0 +1,118 @@
+"""The GitHub workflows pass actionlint (with shellcheck) and zizmor, offline; both fail on an
+action that is not pinned by commit SHA; the README names every secret and variable they use."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
+PINNED_CHECKOUT = re.compile(r"uses: actions/checkout@[0-9a-f]{40} # v[0-9.]+")
+
+
+def actionlint(github: Path, workflows: list[Path]) -> subprocess.CompletedProcess:
+    """actionlint with the repository's config, its policy checks and the pinned shellcheck."""
+    return subprocess.run(
+        [
+            str(BIN / "actionlint"),
+            "-config-file",
+            str(github / "actionlint.yaml"),
+            f"-shellcheck={BIN / 'shellcheck'}",
+            "-pyflakes=",  # no `shell: python` steps
+            "-oneline",
+            "-no-color",
+            *map(str, workflows),
+        ],
+        cwd=github.parent,
+        env={"PATH": str(BIN), "HOME": str(github.parent)},
+        capture_output=True,
+        text=True,
+    )
+
+
+def zizmor(github: Path) -> subprocess.CompletedProcess:
+    """zizmor with the repository's config, offline: no online audit, no network call."""
+    return subprocess.run(
+        [
+            str(BIN / "zizmor"),
+            "--offline",
+            "--no-progress",
+            "--color=never",
+            "--config",
+            str(github / "zizmor.yml"),
+            str(github / "workflows"),
+        ],
+        cwd=github.parent,
+        # No GH_TOKEN/GITHUB_TOKEN: nothing it could authenticate with either.
+        env={"PATH": str(BIN), "HOME": str(github.parent), "ZIZMOR_OFFLINE": "true"},
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_the_three_workflows_are_there():
+    assert [w.name for w in WORKFLOWS] == ["bench.yml", "build.yml", "deploy.yml"]
+
+
+def test_every_workflow_passes_actionlint_and_its_pinning_policy():
+    result = actionlint(REPO / ".github", WORKFLOWS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout == ""
+
+
+def test_every_workflow_passes_zizmor_offline():
+    result = zizmor(REPO / ".github")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "No findings to report" in result.stdout
+
+
+@pytest.fixture
+def github_copy(tmp_path: Path) -> Path:
+    """.github (workflows and both tools' configs) copied into a scratch folder."""
+    return Path(shutil.copytree(REPO / ".github", tmp_path / ".github"))
+
+
+@pytest.mark.parametrize("workflow", [w.name for w in WORKFLOWS])
+def test_a_planted_unpinned_action_fails_both_tools(github_copy, workflow):
+    path = github_copy / "workflows" / workflow
+    text, planted = PINNED_CHECKOUT.subn("uses: actions/checkout@v4", path.read_text(), count=1)
+    assert planted == 1, f"{workflow}: no pinned actions/checkout to unpin"
+    path.write_text(text)
+    line = text[: text.index("actions/checkout@v4")].count("\n") + 1
+
+    linted = actionlint(github_copy, sorted((github_copy / "workflows").glob("*.yml")))
+    assert linted.returncode == 1, linted.stdout + linted.stderr
+    assert f"workflows/{workflow}:{line}:" in linted.stdout
+    assert "full-length commit SHA" in linted.stdout
+    assert len(linted.stdout.splitlines()) == 1, linted.stdout
+
+    audited = zizmor(github_copy)
+    assert audited.returncode != 0, audited.stdout + audited.stderr
+    assert "error[unpinned-uses]" in audited.stdout
+    assert f"workflows/{workflow}:{line}:" in audited.stdout
+    assert "not pinned to a hash" in audited.stdout
+
+
+def used_names(kind: str) -> set[str]:
+    """The `secrets.X` or `vars.X` the workflows use."""
+    return {
+        name for w in WORKFLOWS for name in re.findall(rf"\b{kind}\.([A-Z0-9_]+)", w.read_text())
+    }
+
+
+def test_the_readme_table_names_every_secret_and_variable_the_workflows_use():
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## GitHub Actions") :]
+    section = section[: section.index("\n## ", 1)]
+    rows = [r for r in section.splitlines() if r.startswith("| `")]
+    listed = {m for r in rows for m in re.findall(r"`([A-Z0-9_]+)`", r.split("|")[1])}
+    used = used_names("secrets") | used_names("vars")
+    assert used - listed == set(), "used by a workflow, missing from the README's table"
+    assert listed - used == set(), "in the README's table, used by no workflow"
