@@ -7,6 +7,7 @@ import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from pipelines.files import fsync_dir, sha256_bytes, write_atomic
 from pipelines.statcache import StatCache, stat_key
@@ -62,15 +63,31 @@ class BlobStore:
 
     def publish(self, verified: Path, sha256: str) -> None:
         """Make a verified, durable file the blob of sha256: read-only, renamed, recorded."""
-        os.chmod(verified, 0o444)  # staged names are hard links to this inode: nobody writes it
-        path = self.blob(sha256)
-        os.rename(verified, path)
+        self.publish_many([(verified, sha256)])
+
+    def publish_many(self, verified: list[tuple[Path, str]]) -> None:
+        """Make verified, durable files blobs (read-only, renamed), one folder fsync for all."""
+        recorded = []
+        for path, sha256 in verified:
+            os.chmod(path, 0o444)  # staged names are hard links to this inode: nobody writes it
+            blob = self.blob(sha256)
+            os.rename(path, blob)
+            recorded.append((blob.absolute(), stat_key(os.stat(blob)), sha256))
         fsync_dir(self.blobs)
-        self.statcache.record([(path.absolute(), stat_key(os.stat(path)), sha256)])
+        self.statcache.record(recorded)
+
+    def writer(self, sha256: str) -> IO:
+        """Become the only process writing the blob of sha256: an flock held until closed."""
+        f = open(self.partial / f"{sha256}.writer", "w")  # noqa: SIM115 (closed by its owner)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        except BaseException:
+            f.close()
+            raise
+        return f
 
     @contextlib.contextmanager
     def one_writer(self, sha256: str) -> Iterator[None]:
         """Be the only process writing the blob of sha256 (an flock on its own file)."""
-        with open(self.partial / f"{sha256}.writer", "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+        with self.writer(sha256):
             yield

@@ -18,7 +18,7 @@ class FetchOptions:
     ahead: int = 4
     max_rate: float | None = None  # bytes per second over all ranges, None for no limit
     retries: int = 5
-    durable: bool = True  # fsync each file before it enters the store (survives power loss)
+    durable: bool = True  # files enter the store only once on disk (a sync per batch)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,137 @@
+"""Batched publication of fetched blobs: synced before renamed, never published wrong, resumable."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import test_weights
+
+from pipelines.files import sync_files
+from pipelines.schema import as_data
+from pipelines.weights import publish as publish_module
+from pipelines.weights.fetch import FetchError
+from pipelines.weights.lock import Lock
+
+# The model uploaded once for this module, and an empty blob store per test (as there).
+synthetic = test_weights.synthetic
+blobs = test_weights.blobs
+fetch = test_weights.fetch
+
+
+class RecordingSync:
+    """Stands in for sync_files: notes what each call covered and what was published then."""
+
+    def __init__(self, blob_store, sizes: dict[str, int], pause: float = 0.0, fail: bool = False):
+        self.blobs, self.sizes, self.pause, self.fail = blob_store, sizes, pause, fail
+        self.calls: list[tuple[list[str], set[str]]] = []
+
+    def __call__(self, anchor_fd: int, paths: list[Path]) -> None:
+        published = set(os.listdir(self.blobs.blobs))
+        shas = [path.name.removesuffix(".part") for path in paths]
+        for path, sha in zip(paths, shas, strict=True):
+            assert path.stat().st_size == self.sizes[sha], "a file synced before it was whole"
+        self.calls.append((shas, published))
+        if self.fail:
+            raise OSError(errno.EIO, "syncfs: Input/output error")
+        time.sleep(self.pause)  # files finished meanwhile gather into the next batch
+        sync_files(anchor_fd, paths)
+
+
+def test_a_verified_file_enters_the_store_only_after_a_sync_covering_it(
+    s3, synthetic, blobs, monkeypatch
+):
+    _, lock = synthetic
+    sync = RecordingSync(blobs, {e.sha256: e.size for e in lock.files}, pause=0.5)
+    monkeypatch.setattr(publish_module, "sync_files", sync)
+    report = fetch(s3, lock, blobs)
+    assert sorted(report.fetched) == sorted(e.name for e in lock.files)
+    synced = [sha for shas, _ in sync.calls for sha in shas]
+    assert sorted(synced) == sorted(e.sha256 for e in lock.files)  # each once, then published
+    for shas, published in sync.calls:
+        assert not set(shas) & published  # none of a batch was in the store before its sync
+    assert len(sync.calls) < len(lock.files) / 2  # batches, not a wait per file
+    assert blobs.missing(lock) == []
+
+
+def test_a_failed_sync_publishes_nothing_of_its_batch_and_the_next_fetch_completes(
+    s3, synthetic, blobs, monkeypatch
+):
+    _, lock = synthetic
+    shards = Lock(
+        model=lock.model,
+        source=lock.source,
+        files=[e for e in lock.files if e.name.startswith("model-0000")][:3],
+    )
+    failing = RecordingSync(blobs, {e.sha256: e.size for e in shards.files}, fail=True)
+    monkeypatch.setattr(publish_module, "sync_files", failing)
+    with pytest.raises(FetchError) as err:
+        fetch(s3, shards, blobs)
+    assert sorted(str(err.value).split("\n")) == sorted(
+        f"{e.name}: not stored: [Errno 5] syncfs: Input/output error" for e in shards.files
+    )
+    assert os.listdir(blobs.blobs) == []
+    # Bytes that may not have reached the disk are not trusted as a prefix to resume from.
+    assert not any(blobs.partial_file(e.sha256).exists() for e in shards.files)
+
+    monkeypatch.setattr(publish_module, "sync_files", sync_files)
+    report = fetch(s3, shards, blobs)
+    assert report.downloaded == sum(e.size for e in shards.files)
+    assert blobs.missing(shards) == []
+
+
+def test_without_durability_files_are_published_with_no_sync(s3, synthetic, blobs, monkeypatch):
+    """SPARKFORGE_FETCH_FSYNC=0: verified files are renamed in at once, nothing waits for disk."""
+    _, lock = synthetic
+    sync = RecordingSync(blobs, {e.sha256: e.size for e in lock.files})
+    monkeypatch.setattr(publish_module, "sync_files", sync)
+    small = Lock(model=lock.model, source=lock.source, files=lock.files[:5])
+    report = fetch(s3, small, blobs, durable=False)
+    assert sorted(report.fetched) == sorted(e.name for e in small.files)
+    assert sync.calls == []
+    assert blobs.missing(small) == []
+
+
+def test_fetch_killed_at_random_points_never_leaves_a_wrong_blob_and_resumes(
+    s3, synthetic, blobs, tmp_path, stack_env
+):
+    _, lock = synthetic
+    lock_file = tmp_path / "model.lock.yaml"
+    lock_file.write_text(json.dumps(as_data(lock)))
+    seed = random.randrange(1 << 32)
+    chance = random.Random(seed)
+    argv = [sys.executable, "-c", test_weights.KILLABLE_FETCH, lock_file, blobs.root]
+    for kill in range(8):
+        proc = subprocess.Popen(
+            [*argv, blobs.statcache.db_path],
+            env={**os.environ, **stack_env},
+            cwd=test_weights.REPO,
+        )
+        time.sleep(chance.uniform(1.0, 3.0))  # the interpreter starts in about a second
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        for name in os.listdir(blobs.blobs):
+            digest = hashlib.sha256((blobs.blobs / name).read_bytes()).hexdigest()
+            assert digest == name, f"seed {seed}, kill {kill}: published blob {name} is wrong"
+
+    missing = blobs.missing(lock)
+    assert missing, f"seed {seed}: the fetch finished before the last kill"
+    have = {
+        e.sha256: os.path.getsize(p)
+        for e in missing
+        if (p := blobs.partial_file(e.sha256)).exists()
+    }
+    report = fetch(s3, lock, blobs)
+    assert report.read_back == sum(have.values()), f"seed {seed}"
+    assert report.downloaded == sum(e.size for e in missing) - report.read_back, f"seed {seed}"
+    assert sorted(report.fetched) == sorted(e.name for e in missing)
+    assert blobs.missing(lock) == []
