@@ -45,6 +45,10 @@ def parse_url(url: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
+class Unreachable(PipelineError):
+    """The cache cannot be reached at all (no endpoint, no credentials): not asked again."""
+
+
 @contextlib.contextmanager
 def s3_errors(what: str) -> Iterator[None]:
     """A failed S3 call inside the block as one PipelineError line about what."""
@@ -54,7 +58,7 @@ def s3_errors(what: str) -> Iterator[None]:
         yield
     except botocore.exceptions.EndpointConnectionError as err:
         endpoint = err.kwargs.get("endpoint_url")
-        raise PipelineError(f"{what}: S3 endpoint unreachable ({endpoint})") from None
+        raise Unreachable(f"{what}: S3 endpoint unreachable ({endpoint})") from None
     except botocore.exceptions.ClientError as err:
         code = err.response.get("Error", {}).get("Code", "?")
         raise PipelineError(f"{what}: S3 said {code}") from None
@@ -83,6 +87,7 @@ class RemoteCache:
     def __post_init__(self) -> None:
         self.bucket, self.prefix = parse_url(self.url)
         self.name = f"remote cache {self.url}"
+        self.down: Unreachable | None = None  # once unreachable, no step asks again
 
     @property
     def writable(self) -> bool:
@@ -96,12 +101,16 @@ class RemoteCache:
         import botocore.config
 
         session = boto3.session.Session()
+        options = dict(CLIENT_CONFIG)
         if session.get_credentials() is None:
-            raise PipelineError(
-                f"{self.name}: no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY,"
-                " or AWS_PROFILE"
-            )
-        config = botocore.config.Config(max_pool_connections=WORKERS * 2, **CLIENT_CONFIG)
+            if self.writable:
+                raise Unreachable(
+                    "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY,"
+                    " or AWS_PROFILE"
+                )
+            # A read-only run without credentials (a fork's pull request): anonymous reads.
+            options["signature_version"] = botocore.UNSIGNED
+        config = botocore.config.Config(max_pool_connections=WORKERS * 2, **options)
         return session.client("s3", config=config)
 
     def entry_key(self, key: str) -> str:
@@ -132,14 +141,22 @@ class RemoteCache:
         """
         import botocore.exceptions
 
-        with s3_errors(self.name):
-            try:
-                body = self.client.get_object(Bucket=self.bucket, Key=self.entry_key(key))["Body"]
-                data = body.read()
-            except botocore.exceptions.ClientError as err:
-                if missing(err):
-                    return None
-                raise
+        if self.down is not None:
+            raise self.down
+        try:
+            with s3_errors("S3 read"):
+                client = self.client
+                try:
+                    body = client.get_object(Bucket=self.bucket, Key=self.entry_key(key))["Body"]
+                    data = body.read()
+                except botocore.exceptions.ClientError as err:
+                    if missing(err):
+                        return None
+                    raise
+        except Unreachable as err:
+            self.down = err
+            raise
+        with s3_errors("S3 read"):
             entry = check_entry(data, key, self.trusted)
             for folder in entry.dirs:
                 (out / folder).mkdir(parents=True, exist_ok=True)
@@ -181,12 +198,17 @@ class RemoteCache:
         """Upload work/out: the objects it lacks first, then the signed index (never read-only)."""
         if not self.writable:
             return
+        if self.down is not None:
+            raise self.down
         files, dirs = output_files(work / "out")
-        with s3_errors(f"{self.name}: upload of {record['name']}"):
-            with ThreadPoolExecutor(WORKERS) as pool:
+        try:
+            with s3_errors("S3 write"), ThreadPoolExecutor(WORKERS) as pool:
                 list(pool.map(lambda f: self.upload(f, work / "out" / f.path), files))
-            entry = make_entry(key, record, files, dirs, self.signer)
-            self.client.put_object(Bucket=self.bucket, Key=self.entry_key(key), Body=entry)
+                entry = make_entry(key, record, files, dirs, self.signer)
+                self.client.put_object(Bucket=self.bucket, Key=self.entry_key(key), Body=entry)
+        except Unreachable as err:
+            self.down = err
+            raise
 
     def upload(self, f: EntryFile, path: Path) -> None:
         """Put one file's bytes under its sha256 unless an object of its size is there already."""
