@@ -265,3 +265,45 @@ def test_settings_are_refused_in_one_line(keys):
     assert "PRIVATE" not in repr(writer)
     assert not remote_cache("s3://models/x", None, (keys["trusted"][1],), False).writable
     assert not remote_cache("s3://models/x", keys["trusted"][0], (), True).writable
+
+
+def test_a_restore_killed_or_refused_midway_leaves_no_output(tmp_path):
+    from pipelines.cache.entries import Refused
+    from pipelines.store import Store
+
+    key = "ab" * 32
+    record = {"name": "render", "key": key, "started": 0.0, "finished": 0.0}
+
+    def half_then(fail):
+        def fill(out: Path):
+            (out / "first.yaml").write_text("written")
+            fail()
+
+        return fill
+
+    def refuse():
+        raise Refused("object missing (a partial entry)")
+
+    store = Store(tmp_path / "store")
+    with pytest.raises(Refused):
+        store.restore(key, half_then(refuse))
+    assert not store.has(key) and list((store.root / "tmp").iterdir()) == []
+    # A restorer killed after writing half: no output, and the next one cleans up after it.
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, signal, sys; from pathlib import Path; from pipelines.store import Store;"
+            "s = Store(Path(sys.argv[1]));"
+            "s.restore(sys.argv[2], lambda out: ((out / 'a').write_text('x'),"
+            " os.kill(os.getpid(), signal.SIGKILL)))",
+            str(store.root),
+            key,
+        ],
+        cwd=REPO,
+    )
+    assert child.returncode == -9
+    assert not store.has(key) and len(list((store.root / "tmp").iterdir())) == 1
+    assert store.restore(key, lambda out: (out / "a").write_text("x") and record)
+    assert store.has(key) and list((store.root / "tmp").iterdir()) == []
+    assert (store.output_dir(key) / "a").read_text() == "x"
