@@ -85,7 +85,7 @@ class Publisher:
         try:
             if self._anchor is not None:
                 sync_files(self._anchor, [item.part for item in files])
-        except OSError as err:
+        except Exception as err:  # a writeback error (EIO) above all; every writer hears back
             # Bytes that may not be on disk must not be read back as a verified prefix either.
             for item in files:
                 item.part.unlink(missing_ok=True)
