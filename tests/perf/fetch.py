@@ -1,32 +1,42 @@
-"""Benchmark: fetching the synthetic model from the local SeaweedFS, ours vs s5cmd vs aws s3 cp.
+"""Benchmark: fetching the synthetic model from SeaweedFS, ours vs s5cmd vs aws s3 cp.
 
 Run: .venv/bin/python tests/perf/fetch.py [--runs 3] [--engram-mib 1200] [--shard-mib 40]
+     [--link 2500mbit [--delay-ms 2]]   (as root: needs iproute2, network namespaces, htb)
 
-Ours verifies sha256 of every file while it streams and writes into the blob store; s5cmd and
-`aws s3 cp --recursive` only copy. Runs alternate between the tools (so page cache and
-server warm-up favour none), each into a fresh folder on the same disk; medians and the
-ratio ours/s5cmd are printed (target <= 1.0).
+Ours verifies sha256 of every file while it streams and writes into the blob store, durably;
+s5cmd and `aws s3 cp --recursive` only copy. Runs alternate between the tools (so page cache
+and server warm-up favour none), each into a fresh folder on the same disk; medians and the
+ratios are printed (target ours/s5cmd <= 1.0). Without --link the S3 is the local stack's on
+loopback, and s5cmd + sync + a 2-thread hashlib verify of the same files is timed too (what
+ours must beat on CPU). With --link a SeaweedFS of its own runs in a network namespace behind
+a veth pair whose replies are shaped to that rate (tests/perf/link.py), as a node's path to
+its storage server is; everything it makes is removed when it ends.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
+import secrets
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from link import LinkError, shaped_s3  # noqa: E402
 from plot import bar_chart  # noqa: E402
 
 import devstack  # noqa: E402
+from pipelines.files import hash_file  # noqa: E402
 from pipelines.progress import NoProgress  # noqa: E402
 from pipelines.statcache import StatCache  # noqa: E402
 from pipelines.weights.blobs import BlobStore  # noqa: E402
@@ -71,6 +81,16 @@ def run_s5cmd_synced(source: str, dest: Path, endpoint: str) -> None:
     os.sync()
 
 
+def run_s5cmd_synced_verified(lock, source: str, dest: Path, endpoint: str) -> None:
+    """s5cmd cp, sync, then sha256 of every file on 2 threads: the work ours does, in steps."""
+    run_s5cmd_synced(source, dest, endpoint)
+    with ThreadPoolExecutor(2) as pool:
+        digests = list(pool.map(lambda e: hash_file(dest / e.name), lock.files))
+    wrong = [e.name for e, digest in zip(lock.files, digests, strict=True) if digest != e.sha256]
+    if wrong:
+        raise SystemExit(f"s5cmd fetched {len(wrong)} files wrong: {wrong[:3]}")
+
+
 def run_aws(source: str, dest: Path, endpoint: str) -> None:
     """aws s3 cp --recursive of the whole prefix (no verification)."""
     subprocess.run(
@@ -89,7 +109,7 @@ def run_aws(source: str, dest: Path, endpoint: str) -> None:
     )
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--engram-mib", type=int, default=1200)
@@ -99,26 +119,59 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=defaults.workers)
     parser.add_argument("--files-at-once", type=int, default=defaults.files_at_once)
     parser.add_argument("--dir", type=Path, default=None)
-    args = parser.parse_args()
+    parser.add_argument("--link", help="shape the path to S3 to this rate (2500mbit, 10gbit)")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay (netem)")
+    return parser.parse_args()
 
-    endpoints = devstack.up()
-    devstack.export_s3_environment()
-    endpoint = endpoints.s3_url
+
+def main() -> None:
+    args = parse_args()
+    with contextlib.ExitStack() as stack:
+        if args.link:
+            # Keys of this run only, for a server of this run only.
+            credentials = {
+                "AWS_ACCESS_KEY_ID": "fetch-bench",
+                "AWS_SECRET_ACCESS_KEY": secrets.token_hex(16),
+            }
+            try:
+                shaped = stack.enter_context(
+                    shaped_s3(args.link, args.delay_ms, credentials, args.dir)
+                )
+            except LinkError as err:
+                raise SystemExit(f"fetch --link: {err}") from None
+            os.environ.update(credentials)
+            os.environ["AWS_ENDPOINT_URL_S3"] = endpoint = shaped.endpoint
+            os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+            where = f"S3 {endpoint} behind a veth shaped to {args.link}, {args.delay_ms} ms delay"
+        else:
+            devstack.up()
+            devstack.export_s3_environment()
+            endpoint = os.environ["AWS_ENDPOINT_URL_S3"]
+            where = f"S3 {endpoint} on loopback"
+        bench(args, endpoint, where)
+
+
+def bench(args: argparse.Namespace, endpoint: str, where: str) -> None:
+    """Upload and lock the model where needed, run the tools in turn, print medians and ratios."""
     shape = SyntheticShape(shard_bytes=args.shard_mib * MiB, engram_bytes=args.engram_mib * MiB)
     source = f"s3://models/perf/synthetic-{args.shard_mib}-{args.engram_mib}"
     lock = ensure_model(s3_client(), source, shape)
-    print(f"model: {len(lock.files)} files, {lock.size / (1 << 30):.2f} GiB, S3 {endpoints.s3_url}")
+    print(f"model: {len(lock.files)} files, {lock.size / (1 << 30):.2f} GiB, {where}")
     options = FetchOptions(
         part_size=int(args.part_mib * MiB), workers=args.workers, files_at_once=args.files_at_once
     )
-    no_fsync = dataclasses.replace(options, durable=False)
     tools = {
         "sparkforge (sha256 verified)": lambda d: run_ours(lock, d, options),
-        "sparkforge, no fsync": lambda d: run_ours(lock, d, no_fsync),
         "s5cmd cp": lambda d: run_s5cmd(source, d, endpoint),
         "s5cmd cp + sync": lambda d: run_s5cmd_synced(source, d, endpoint),
         "aws s3 cp --recursive": lambda d: run_aws(source, d, endpoint),
     }
+    if not args.link:
+        no_fsync = dataclasses.replace(options, durable=False)
+        tools["sparkforge, no fsync"] = lambda d: run_ours(lock, d, no_fsync)
+        tools["s5cmd + sync + verify (2 thr)"] = lambda d: run_s5cmd_synced_verified(
+            lock, source, d, endpoint
+        )
     times: dict[str, list[float]] = {name: [] for name in tools}
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="fetch-bench-") as tmp:
         for run in range(args.runs):
@@ -133,19 +186,22 @@ def main() -> None:
                 print(f"  run {run + 1} {name:30s} {took:6.2f} s", flush=True)
                 shutil.rmtree(dest)
     medians = {name: statistics.median(t) for name, t in times.items()}
-    print(f"medians over {args.runs} alternating runs ({os.cpu_count()} cores):")
+    print(f"medians over {args.runs} alternating runs ({os.cpu_count()} cores), {where}:")
     for name, t in medians.items():
         print(f"  {name:30s} {t:6.2f} s  {lock.size / t / 1e6:7.0f} MB/s")
     ours = medians["sparkforge (sha256 verified)"]
     print(f"  ours / s5cmd          = {ours / medians['s5cmd cp']:.2f} (target <= 1.0)")
     print(f"  ours / (s5cmd + sync) = {ours / medians['s5cmd cp + sync']:.2f}")
-    lazy = medians["sparkforge, no fsync"]
-    print(f"  ours without fsync / s5cmd = {lazy / medians['s5cmd cp']:.2f}")
     print(f"  ours / aws            = {ours / medians['aws s3 cp --recursive']:.2f}")
+    if not args.link:
+        lazy = medians["sparkforge, no fsync"]
+        print(f"  ours without fsync / s5cmd = {lazy / medians['s5cmd cp']:.2f}")
+        both = medians["s5cmd + sync + verify (2 thr)"]
+        print(f"  ours / (s5cmd + sync + verify) = {ours / both:.2f} (target <= 1.0)")
     gib = lock.size / (1 << 30)
     path = bar_chart(
-        "fetch",
-        f"Fetch of {len(lock.files)} files, {gib:.2f} GiB from local SeaweedFS"
+        f"fetch-{args.link}" if args.link else "fetch",
+        f"Fetch of {len(lock.files)} files, {gib:.2f} GiB, {where}"
         f" (median of {args.runs}, {os.cpu_count()} cores)",
         "seconds (lower is better)",
         medians,
