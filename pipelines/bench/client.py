@@ -56,24 +56,45 @@ def stream_chat(base_url: str, body: dict[str, Any], timeout: float) -> RequestR
         record.error = f"unreachable: {type(err).__name__}: {reason_of(err)}"
         return record
     record.status = response.status
+    clean = False
     try:
         if response.status != 200:
             said = response.read()[:300].decode(errors="replace")
             record.error = f"HTTP {response.status}: {said}"
+            clean = True
         else:
-            read_stream(response, record, origin, timeout)
+            clean = read_stream(response, record, origin, timeout)
     except urllib3.exceptions.TimeoutError:
         record.error = f"timeout: no chunk for {timeout:.0f} s"
     except urllib3.exceptions.HTTPError as err:
         record.error = f"stream broken: {type(err).__name__}: {reason_of(err)}"
     finally:
         record.ended = time.perf_counter() - origin
-        response.release_conn()
+        finish_response(response, clean)
     return record
 
 
-def read_stream(response, record: RequestRecord, origin: float, deadline: float) -> None:
-    """Read SSE events into record until [DONE]; a cut, an error body or the deadline fails it."""
+def finish_response(response, clean: bool) -> None:
+    """Give the connection back only when its body was read to the end, else close it.
+
+    After [DONE] the chunked body still has its last, empty chunk on the wire: a connection
+    handed back before reading it starts the next request's answer with "0\r\n".
+    """
+    if clean:
+        try:
+            response.drain_conn()
+        except urllib3.exceptions.HTTPError:
+            response.close()
+    else:
+        response.close()
+    response.release_conn()
+
+
+def read_stream(response, record: RequestRecord, origin: float, deadline: float) -> bool:
+    """Read SSE events into record until [DONE]; a cut, an error body or the deadline fails it.
+
+    True when the stream ended as it should ([DONE]), so the connection can be kept.
+    """
     events = EventBuffer()
     done = False
     while not done:
@@ -88,13 +109,14 @@ def read_stream(response, record: RequestRecord, origin: float, deadline: float)
             chunk = read_chunk(payload)
             if chunk.error:
                 record.error = f"error in stream: {chunk.error}"
-                return
+                return False
             take_chunk(record, chunk, now)
         if now > deadline and not done:
             record.error = f"timeout: no [DONE] within {deadline:.0f} s"
-            return
+            return False
     if not done:
         record.error = "stream ended before [DONE]" + (" (mid-event)" if events.leftover else "")
+    return done
 
 
 def take_chunk(record: RequestRecord, chunk, now: float) -> None:

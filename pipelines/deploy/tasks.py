@@ -119,6 +119,7 @@ class Deploy:
         except BaseException as err:
             changes = changes or getattr(err, "changes", [])
             self.backend.restore(changes, deployment.profile)
+            self._wait_restored(served)
             reason = str(err) if isinstance(err, PipelineError) else type(err).__name__
             self._record(deployment, ROLLED_BACK, started, reason=reason)
             if isinstance(err, PipelineError):
@@ -180,6 +181,17 @@ class Deploy:
         restored = self.tags.restore_stable()
         self._record(deployment, RESTORED, started, stable=restored, replaced=current)
         print(f"rollback: {deployment.key[:16]} restored; {restored}")
+
+    def _wait_restored(self, served: str) -> None:
+        """Wait for the deployment put back to serve again (a restarted server takes a moment)."""
+        live = self.records.live()
+        if not live:
+            return
+        previous = Deployment.from_record(self.profile.name, live[-1]["deployment"])
+        try:
+            self.backend.wait(previous, served)
+        except PipelineError as err:
+            print(f"deploy: the restored deployment does not serve yet: {err}")
 
     def live(self) -> dict[str, Any] | None:
         """The deployment running now, as its record plus `endpoint` (None: nothing deployed).
