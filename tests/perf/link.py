@@ -29,6 +29,15 @@ S3_PORT = 8333
 UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 
 
+# weed puts its gRPC unix sockets at fixed paths, /tmp/seaweedfs-<service>-grpc-<port>.sock, and
+# unix sockets are not in a network namespace: with the host's /tmp this weed would take (and,
+# leaving, delete) the sockets of the local stack's weed. So it gets a /tmp of its own, in the
+# mount namespace `ip netns exec` makes (mounts there do not reach the host), and its data
+# lives outside /tmp.
+PRIVATE_TMP = 'mount -t tmpfs fetch-bench /tmp && exec "$@"'
+SCRATCH = Path(__file__).resolve().parent / "out"
+
+
 class LinkError(Exception):
     """The shaped link cannot be made here (one line saying what is missing)."""
 
@@ -143,6 +152,10 @@ def shaped_s3(
     tag = f"sfb{os.getpid() % 100000}"
     namespace, host_end, server_end = f"{tag}-s3", f"{tag}h", f"{tag}s"
     previous = signal.signal(signal.SIGTERM, _terminate)
+    scratch = (scratch or SCRATCH).resolve()
+    if scratch.is_relative_to("/tmp"):
+        raise LinkError(f"{scratch}: the shaped S3's data must live outside /tmp (PRIVATE_TMP)")
+    scratch.mkdir(exist_ok=True)
     data = Path(tempfile.mkdtemp(prefix="shaped-s3-", dir=scratch))
     server = None
     made_namespace = made_link = False
@@ -164,7 +177,8 @@ def shaped_s3(
         (data / "s3").mkdir()
         with open(log, "wb") as out:
             server = subprocess.Popen(
-                ["ip", "netns", "exec", namespace, *weed_argv(weed, data / "s3")],
+                ["ip", "netns", "exec", namespace, "sh", "-c", PRIVATE_TMP, "weed-in-netns",
+                 *weed_argv(weed, data / "s3")],
                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         endpoint = f"http://{SERVER_ADDRESS}:{S3_PORT}"
