@@ -13,6 +13,7 @@ from pipelines.bench.record import Event, RequestRecord
 from pipelines.bench.sse import DONE, EventBuffer, read_chunk
 
 STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 @functools.cache
@@ -41,14 +42,18 @@ def post_json(url: str, body: dict[str, Any], timeout: float = 60) -> tuple[int,
 
 def stream_chat(base_url: str, body: dict[str, Any], timeout: float) -> RequestRecord:
     """POST a streaming chat completion and record every chunk's arrival; never raises."""
-    body = {**body, "stream": True, "stream_options": STREAM_OPTIONS}
+    # Encoded before the clock starts: with C streams sharing one interpreter, every
+    # microsecond between the start and the bytes leaving is added to TTFT.
+    data = json.dumps({**body, "stream": True, "stream_options": STREAM_OPTIONS}).encode()
+    url, pool = f"{base_url}/v1/chat/completions", http_pool()
     record = RequestRecord(started=time.time())
     origin = time.perf_counter()
     try:
-        response = http_pool().request(
+        response = pool.request(
             "POST",
-            f"{base_url}/v1/chat/completions",
-            json=body,
+            url,
+            body=data,
+            headers=JSON_HEADERS,
             preload_content=False,
             timeout=urllib3.Timeout(connect=min(timeout, 30), read=timeout),
         )
