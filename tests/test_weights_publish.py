@@ -51,7 +51,7 @@ def test_a_verified_file_enters_the_store_only_after_a_sync_covering_it(
     s3, synthetic, blobs, monkeypatch
 ):
     _, lock = synthetic
-    sync = RecordingSync(blobs, {e.sha256: e.size for e in lock.files}, pause=0.5)
+    sync = RecordingSync(blobs, {e.sha256: e.size for e in lock.files}, pause=1.0)
     monkeypatch.setattr(publish_module, "sync_files", sync)
     report = fetch(s3, lock, blobs)
     assert sorted(report.fetched) == sorted(e.name for e in lock.files)
