@@ -20,8 +20,9 @@ CODE_TASK = (
 
 def sweep_body(model: str, prompt_tokens: int, max_tokens: int) -> Callable[[int], dict]:
     """Greedy code generation, thinking off, exactly max_tokens out; a fresh nonce per request."""
-    words = FILLER.split()
-    context = " ".join(words[i % len(words)] for i in range(max(0, prompt_tokens - 40)))
+    # prompt_tokens words in all (the exact count is the server's, recorded from usage).
+    words, fixed = FILLER.split(), len(CODE_TASK.split()) + 1  # + the nonce
+    context = " ".join(words[i % len(words)] for i in range(max(0, prompt_tokens - fixed)))
 
     def body(index: int) -> dict[str, Any]:
         nonce = secrets.token_hex(8)  # no prefix cache hit between requests
