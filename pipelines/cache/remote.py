@@ -21,18 +21,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from pipelines.cache.entries import EntryFile, Refused, check_entry, make_entry, output_files
 from pipelines.errors import PipelineError
+from pipelines.s3options import S3_CLIENT_OPTIONS
 
 CHUNK = 1 << 20
 WORKERS = 8
-# S3-compatible stores (SeaweedFS, MinIO, Ceph) reject or mishandle the newer default checksums.
-CLIENT_CONFIG = dict(
-    s3={"addressing_style": "path"},
-    request_checksum_calculation="when_required",
-    response_checksum_validation="when_required",
-    retries={"max_attempts": 5, "mode": "standard"},
-    connect_timeout=10,
-    read_timeout=60,
-)
+CLIENT_CONFIG = {**S3_CLIENT_OPTIONS, "read_timeout": 60}
 
 
 def parse_url(url: str) -> tuple[str, str]:

@@ -11,16 +11,9 @@ import botocore.config
 import botocore.exceptions
 
 from pipelines.errors import PipelineError
+from pipelines.s3options import S3_CLIENT_OPTIONS
 
-# S3-compatible stores (SeaweedFS, MinIO, Ceph) reject or mishandle the newer default checksums.
-CLIENT_CONFIG = dict(
-    s3={"addressing_style": "path"},
-    request_checksum_calculation="when_required",
-    response_checksum_validation="when_required",
-    retries={"max_attempts": 5, "mode": "standard"},
-    connect_timeout=10,
-    read_timeout=120,
-)
+CLIENT_CONFIG = {**S3_CLIENT_OPTIONS, "read_timeout": 120}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,11 @@
+"""How every S3 client of the pipeline is configured (the model bucket, the remote cache)."""
+
+# S3-compatible stores (SeaweedFS, MinIO, Ceph) reject or mishandle the newer default checksums.
+# Plain values, no botocore here: each client's module imports botocore itself, when it runs.
+S3_CLIENT_OPTIONS = dict(
+    s3={"addressing_style": "path"},
+    request_checksum_calculation="when_required",
+    response_checksum_validation="when_required",
+    retries={"max_attempts": 5, "mode": "standard"},
+    connect_timeout=10,
+)
