@@ -58,6 +58,9 @@ class Member(Strict, kw_only=True):
     claim: Name | None = None
     # The Docker engine of the member's host (docker deploys): unix:///..., ssh://user@host.
     docker: Annotated[str, Meta(pattern=r"^(unix|ssh|tcp)://\S+$")] | None = None
+    # Its address on the direct link to each neighbour (the ring's data plane), for staging
+    # weights between peers; none: peers reach it at its management address.
+    links: dict[Name, IPv4] = {}
 
 
 class Fabric(Strict, kw_only=True):
@@ -175,6 +178,14 @@ class Bench(Strict, kw_only=True):
     baseline: list[Baseline] = []
 
 
+class Staging(Strict, kw_only=True):
+    """Ring staging of the weights: the members' blob servers and how long a file is awaited."""
+
+    port: Annotated[int, Meta(ge=1, le=65535)] = 8098
+    # A file no peer has published after this long is fetched from S3 after all.
+    peer_wait_s: Annotated[float, Meta(gt=0)] = 1800.0
+
+
 class Hygiene(Strict):
     """Node settings applied before a group boots."""
 
@@ -207,6 +218,7 @@ class Profile(Strict, kw_only=True):
     sglang: Sglang | None = None
     simulator: Simulator | None = None
     bench: Bench = field(default_factory=Bench)
+    staging: Staging = field(default_factory=Staging)
 
     def __post_init__(self) -> None:
         """The rules across sections, each naming its field."""
@@ -214,6 +226,7 @@ class Profile(Strict, kw_only=True):
         self.images_have_a_registry()
         self.docker_members_have_engines()
         self.ring_is_consistent()
+        self.links_join_members()
         self.attention_divides()
 
     def runtime_has_its_settings(self) -> None:
@@ -265,6 +278,39 @@ class Profile(Strict, kw_only=True):
             for i, member in enumerate(self.members):
                 if not member.claim:
                     raise ValueError(f"field 'members.{i}.claim': required by deploy 'kubernetes'")
+
+    def links_join_members(self) -> None:
+        """Links name other members, both ends list each other, and they join the whole ring."""
+        nodes = {m.node: rank for rank, m in enumerate(self.members)}
+        linked = [m for m in self.members if m.links]
+        if not linked:
+            return
+        for rank, member in enumerate(self.members):
+            if not member.links:
+                raise ValueError(
+                    f"field 'members.{rank}.links': required once any member names its links"
+                )
+        for rank, member in enumerate(self.members):
+            for peer in member.links:
+                if peer not in nodes or peer == member.node:
+                    raise ValueError(
+                        f"field 'members.{rank}.links.{peer}': expected another member's node"
+                        f" (one of {', '.join(n for n in nodes if n != member.node)})"
+                    )
+                if member.node not in self.members[nodes[peer]].links:
+                    raise ValueError(
+                        f"field 'members.{nodes[peer]}.links': expected {member.node!r}, the"
+                        f" other end of members.{rank}.links.{peer}"
+                    )
+        reached, todo = {self.members[0].node}, [self.members[0].node]
+        while todo:
+            for peer in self.members[nodes[todo.pop()]].links:
+                if peer not in reached:
+                    reached.add(peer)
+                    todo.append(peer)
+        if len(reached) != len(self.members):
+            apart = next(m.node for m in self.members if m.node not in reached)
+            raise ValueError(f"field 'members': the links do not reach {apart!r} from the others")
 
     def attention_divides(self) -> None:
         """Heads and o_groups divide by the tensor size, padded (72/9) only where needed."""

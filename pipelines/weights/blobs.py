@@ -50,7 +50,11 @@ class BlobStore:
 
     def missing(self, lock: Lock) -> list[LockEntry]:
         """Lock entries whose blob is absent or not intact."""
-        return [e for e in lock.files if not self.is_intact(e.sha256, e.size)]
+        return self.missing_entries(lock.files)
+
+    def missing_entries(self, entries: list[LockEntry]) -> list[LockEntry]:
+        """Entries whose blob is absent or not intact."""
+        return [e for e in entries if not self.is_intact(e.sha256, e.size)]
 
     def add_bytes(self, data: bytes) -> str:
         """Put a small blob made here (e.g. a patched config) into the store; returns its sha256."""

@@ -30,8 +30,8 @@ from pipelines.weights.blobs import BlobStore
 from pipelines.weights.lock import Lock, LockEntry
 from pipelines.weights.options import FetchOptions
 from pipelines.weights.publish import Publisher
-from pipelines.weights.ranges import read_range
 from pipelines.weights.s3 import S3Url
+from pipelines.weights.sources import S3Source
 
 
 class FetchError(PipelineError):
@@ -47,6 +47,7 @@ class FetchReport:
     failed: dict[str, str] = field(default_factory=dict)
     downloaded: int = 0
     read_back: int = 0
+    by_origin: dict[str, int] = field(default_factory=dict)  # downloaded, per kind of source
 
 
 class RateLimiter:
@@ -75,13 +76,14 @@ def plan_ranges(size: int, part_size: int) -> list[tuple[int, int]]:
 
 
 class Fetcher:
-    """Fetches the missing files of one lock on a shared pool of range downloads."""
+    """Fetches the missing files of one lock on a shared pool of range downloads.
 
-    def __init__(
-        self, client, url: S3Url, blobs: BlobStore, options: FetchOptions, progress: Progress
-    ):
-        self.client = client
-        self.url = url
+    A file comes from one source at a time (the bucket by default, a ring peer when named); the
+    same verification, resume and publication hold whichever it is.
+    """
+
+    def __init__(self, source, blobs: BlobStore, options: FetchOptions, progress: Progress):
+        self.source = source
         self.blobs = blobs
         self.options = options
         self.progress = progress
@@ -109,21 +111,28 @@ class Fetcher:
             raise
         finally:
             files.shutdown(wait=True, cancel_futures=True)
-            self.pool.shutdown(wait=True, cancel_futures=True)
-            self.publisher.close()  # what was verified is published, even after Ctrl-C
+            self.close()
         for name, outcome in outcomes.items():
             try:
-                published = outcome.result()
-                if published is not None:
-                    published.result()
+                self.settle(name, outcome.result())
             except PipelineError as err:
                 self.report.failed[name] = str(err)
-                continue
-            (self.report.fetched if published else self.report.reused).append(name)
         return self.report
 
-    def fetch_file(self, entry: LockEntry) -> Future[None] | None:
+    def settle(self, name: str, published: Future[None] | None) -> None:
+        """Wait for one fetched file's publication and record it (raises when it failed)."""
+        if published is not None:
+            published.result()
+        (self.report.fetched if published else self.report.reused).append(name)
+
+    def close(self) -> None:
+        """Finish the range pool and publish everything verified (even after Ctrl-C)."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.publisher.close()
+
+    def fetch_file(self, entry: LockEntry, source=None) -> Future[None] | None:
         """Fetch and verify one file; None when it was already stored, else its publication."""
+        source = source or self.source
         sha = entry.sha256
         writer = self.blobs.writer(sha)
         try:
@@ -137,11 +146,13 @@ class Fetcher:
                 if have > entry.size:
                     os.ftruncate(fd, 0)
                     have = 0
-                actual = self._stream(self.url.key(entry.name), entry, fd, have)
+                actual = self._stream(source, entry, fd, have)
                 if actual != sha:
                     part.unlink()
+                    via = "" if source.origin == "s3" else f"from {source.label}; "
                     raise FetchError(
-                        f"{entry.name}: sha256 mismatch: expected {sha}, got {actual} (not stored)"
+                        f"{entry.name}: sha256 mismatch: expected {sha}, got {actual}"
+                        f" ({via}not stored)"
                     )
             finally:
                 os.close(fd)
@@ -152,7 +163,7 @@ class Fetcher:
             if writer is not None:
                 writer.close()
 
-    def _stream(self, key: str, entry: LockEntry, fd: int, have: int) -> str:
+    def _stream(self, source, entry: LockEntry, fd: int, have: int) -> str:
         """Hash the prefix already on disk, then download the rest in order; the sha256."""
         digest = hashlib.sha256()
         for start, end in plan_ranges(have, self.options.part_size):
@@ -170,7 +181,7 @@ class Fetcher:
             for i, (start, _) in enumerate(ranges):
                 while submitted < len(ranges) and submitted - i < self.options.ahead:
                     inflight[submitted] = self.pool.submit(
-                        self._download_range, key, entry.name, *ranges[submitted]
+                        self._download_range, source, entry, *ranges[submitted]
                     )
                     submitted += 1
                 buffer, view = inflight.pop(i).result()
@@ -188,32 +199,30 @@ class Fetcher:
                     self.buffers.put(future.result()[0])
 
     def _download_range(
-        self, key: str, name: str, start: int, end: int
+        self, source, entry: LockEntry, start: int, end: int
     ) -> tuple[bytearray, memoryview]:
-        """GET one range into a pooled buffer (read_range retries broken bodies)."""
+        """Read one range from source into a pooled buffer (the source retries broken bodies)."""
         buffer = self.buffers.get()
         try:
             view = memoryview(buffer)[: end - start]
-            read_range(
-                self.client,
-                self.url,
-                name,
+            source.read(
+                entry,
                 start,
                 view,
-                self.options.retries,
                 self.stop,
-                lambda n: self._count_bytes(name, n),
-                self.limiter.take if self.limiter.rate else None,
+                lambda n: self._count_bytes(source.origin, entry.name, n),
+                self.limiter.take if self.limiter.rate and source.origin == "s3" else None,
             )
             return buffer, view
         except BaseException:
             self.buffers.put(buffer)
             raise
 
-    def _count_bytes(self, name: str, n: int) -> None:
+    def _count_bytes(self, origin: str, name: str, n: int) -> None:
         """Add n bytes that came over the network to the report and the progress."""
         with self._count:
             self.report.downloaded += n
+            self.report.by_origin[origin] = self.report.by_origin.get(origin, 0) + n
         self.progress.advance(name, n)
 
 
@@ -234,7 +243,8 @@ def fetch_lock(
     big = {e.name: e.size for e in sorted(missing, key=lambda e: e.size, reverse=True)[:2]}
     progress = progress_factory(f"fetch {lock.model}", total, big)
     try:
-        report = Fetcher(client, url, blobs, options, progress).fetch(missing)
+        source = S3Source(client, url, options.retries)
+        report = Fetcher(source, blobs, options, progress).fetch(missing)
     finally:
         progress.close()
     report.reused += [e.name for e in lock.files if e not in missing]

@@ -84,24 +84,35 @@ def fill(
     on_bytes: Callable[[int], None],
     throttle: Callable[[int], None] | None = None,
 ) -> None:
-    """Read one response body into view, reporting bytes per READ_CHUNK (a cheap loop) and
-    throttling per read (a limit must hold within a range, not only between ranges)."""
+    """Read one S3 response body into view (see read_body)."""
+    with response["Body"] as body:
+        read_body(direct_readinto(body, response), view, key, stop, on_bytes, throttle)
+
+
+def read_body(
+    readinto: Callable[[memoryview], int],
+    view: memoryview,
+    key: str,
+    stop: threading.Event | None,
+    on_bytes: Callable[[int], None],
+    throttle: Callable[[int], None] | None = None,
+) -> None:
+    """Read a body into view, reporting bytes per READ_CHUNK (a cheap loop) and throttling per
+    read (a limit must hold within a range, not only between ranges)."""
     got = counted = 0
     try:
-        with response["Body"] as body:
-            readinto = direct_readinto(body, response)
-            while got < len(view):
-                if stop is not None and stop.is_set():
-                    raise RangeError(f"{key}: fetch stopped")
-                n = readinto(view[got : got + READ_CHUNK])
-                if not n:
-                    break
-                got += n
-                if throttle is not None:
-                    throttle(n)
-                if got - counted >= READ_CHUNK:
-                    on_bytes(got - counted)
-                    counted = got
+        while got < len(view):
+            if stop is not None and stop.is_set():
+                raise RangeError(f"{key}: fetch stopped")
+            n = readinto(view[got : got + READ_CHUNK])
+            if not n:
+                break
+            got += n
+            if throttle is not None:
+                throttle(n)
+            if got - counted >= READ_CHUNK:
+                on_bytes(got - counted)
+                counted = got
     finally:
         on_bytes(got - counted)
     if got != len(view):

@@ -253,6 +253,25 @@ class Weights:
             )
         print(f"verify_weights: {len(lock.files)} files re-hashed, all match {self.lock_file.name}")
 
+    # --- ring staging ----------------------------------------------------------------------
+
+    def ring_plan(self):
+        """Who fetches which file from S3 and from which peers (a pure function of the lock)."""
+        from pipelines.weights.ringplan import RingNode, plan_ring
+
+        lock = self.complete_lock()
+        nodes = [RingNode(m.node, m.address, dict(m.links)) for m in self.profile.members]
+        entries = [(e.name, e.size, e.sha256) for e in lock.files]
+        return plan_ring(
+            lock.model, lock.source, self.lock_sha256(), entries, nodes, self.profile.staging.port
+        )
+
+    def print_ring_plan(self) -> None:
+        """Print the ring staging plan."""
+        from pipelines.weights.ringplan import describe_plan
+
+        print(describe_plan(self.ring_plan()))
+
     # --- doit tasks ------------------------------------------------------------------------
 
     def tasks(self) -> Iterator[dict[str, Any]]:
@@ -298,6 +317,13 @@ class Weights:
                 self.stage,
                 uptodate=answer_or_run(self.staged),
                 deps=stage_deps,
+            )
+        )
+        tasks.append(
+            side_task(
+                "plan_weights",
+                "print who fetches each file from S3 and from which peers (ring staging)",
+                self.print_ring_plan,
             )
         )
         tasks.append(

@@ -1,0 +1,173 @@
+"""A ring member's blob server: Debian's nginx serving its verified blobs, read-only, to peers.
+
+Why nginx: it serves files with Range and sendfile (the bytes never cross user space, so
+serving peers costs the member almost no CPU while it hashes its own downloads), it answers
+only the addresses it is told to (`allow`/`deny`), it only reads, and Debian keeps it patched.
+It serves exactly two things: `/sha256/<hex>` from blobs/sha256 (a name there is published
+only once verified and durable, so a partial download is never visible) and `/status.json`,
+the member's progress and the blobs it has. Every other path, method or address is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import grp
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from pipelines.errors import PipelineError
+
+TEMP_PATHS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+
+
+class BlobServerError(PipelineError):
+    """The blob server could not start (one line: why, and where its log is)."""
+
+
+def nginx_config(
+    blobs: Path, ring: Path, listen: tuple[str, ...], allow: tuple[str, ...], port: int, user: str
+) -> str:
+    """The nginx configuration of one member's blob server (a pure function of its inputs)."""
+    temp = "\n".join(f"    {kind}_temp_path {ring / 'nginx' / kind};" for kind in TEMP_PATHS)
+    listens = "\n".join(f"        listen {address}:{port};" for address in listen)
+    allows = "\n".join(f"        allow {address};" for address in allow)
+    return f"""# Ring staging: this member's verified blobs, read-only, to its peers only.
+daemon off;
+worker_processes 2;
+user {user};
+pid {ring / "nginx" / "nginx.pid"};
+error_log {ring / "nginx" / "error.log"} warn;
+events {{
+    worker_connections 512;
+}}
+http {{
+    access_log off;
+    server_tokens off;
+    sendfile on;
+    tcp_nopush on;
+    default_type application/octet-stream;
+{temp}
+    server {{
+{listens}
+{allows}
+        deny all;
+        location ~ "^/sha256/([0-9a-f]{{64}})$" {{
+            limit_except GET {{ deny all; }}
+            log_not_found off;  # peers ask before a blob is there: that is no error
+            alias {blobs}/$1;
+        }}
+        location = /status.json {{
+            limit_except GET {{ deny all; }}
+            add_header Cache-Control no-store;
+            alias {ring / "status.json"};
+        }}
+        location / {{
+            return 404;
+        }}
+    }}
+}}
+"""
+
+
+def store_owner(root: Path) -> str:
+    """'user group' owning the store: the server reads what the store's owner can."""
+    st = os.stat(root)
+    return f"{pwd.getpwuid(st.st_uid).pw_name} {grp.getgrgid(st.st_gid).gr_name}"
+
+
+class BlobServer:
+    """An nginx process serving one member's blobs for as long as the member stages."""
+
+    def __init__(
+        self, blobs: Path, ring: Path, listen: tuple[str, ...], allow: tuple[str, ...], port: int
+    ):
+        self.listen, self.port, self.ring = listen, port, ring
+        self.config = nginx_config(blobs, ring, listen, allow, port, store_owner(blobs))
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 15.0) -> BlobServer:
+        """Start nginx and wait until it listens on every address, or raise with its log."""
+        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not os.path.exists(nginx):
+            raise BlobServerError("nginx not found: install Debian's nginx-light (scripts/install)")
+        folder = self.ring / "nginx"
+        for kind in TEMP_PATHS:
+            (folder / kind).mkdir(parents=True, exist_ok=True)
+        conf = folder / "nginx.conf"
+        conf.write_text(self.config)
+        log = folder / "error.log"
+        stop_leftover(folder / "nginx.pid")
+        self.process = subprocess.Popen(
+            [nginx, "-e", str(log), "-p", str(folder), "-c", str(conf)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
+        )
+        deadline = time.monotonic() + timeout
+        waiting = list(self.listen)
+        while waiting:
+            if self.process.poll() is not None:
+                raise BlobServerError(
+                    f"nginx exited ({self.process.returncode}): {last_line(log)} (log: {log})"
+                )
+            if time.monotonic() > deadline:
+                self.stop()
+                raise BlobServerError(
+                    f"nginx not listening on {waiting[0]}:{self.port} (log {log})"
+                )
+            with contextlib.suppress(OSError), socket.create_connection((waiting[0], self.port), 1):
+                waiting.pop(0)
+                continue
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        """Stop nginx (a fast shutdown: peers that still read retry elsewhere)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+
+def die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the member dies, however it dies (a SIGKILL too);
+    nginx's master then stops its workers, so no server outlives its member."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def stop_leftover(pid_file: Path) -> None:
+    """Stop an nginx a killed member left behind (it would hold the addresses)."""
+    try:
+        pid = int(pid_file.read_text().strip())
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except (FileNotFoundError, ValueError):
+        return
+    if comm != "nginx":
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    for _ in range(100):
+        if not Path(f"/proc/{pid}").exists():
+            return
+        time.sleep(0.05)
+
+
+def last_line(log: Path) -> str:
+    """The last line of a log file, or a note that there is none."""
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()
+    except FileNotFoundError:
+        return "no log"
+    return lines[-1] if lines else "empty log"

@@ -1,0 +1,375 @@
+"""Ring staging, one member's side: fetch its share from S3, the rest from peers, serve its blobs.
+
+Every member runs this with the same plan (ringplan.py) and its own rank. It starts its blob
+server (blobserver.py), fetches the files it owns from S3 and, at the same time, every other
+file from the first peer on its route that says it has the file (each peer's /status.json lists
+its published blobs). Bytes from a peer go through the same fetch as bytes from S3: hashed as
+they stream, a verified prefix on disk that a restart resumes, published only when the sha256
+matches the lock. A peer whose bytes do not match is not asked for that file again; when no
+peer is left for a file, or none has had it for peer_wait_s, it comes from S3. A member that
+is done keeps serving until every peer says it is done too.
+
+Run it as `python -m pipelines.weights.ring --plan PLAN.json --rank N --root WEIGHTS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import urllib3
+
+from pipelines.errors import PipelineError
+from pipelines.progress import eta, human_bytes
+from pipelines.statcache import StatCache
+from pipelines.weights.blobs import BlobStore
+from pipelines.weights.blobserver import BlobServer
+from pipelines.weights.fetch import Fetcher
+from pipelines.weights.lock import LockEntry
+from pipelines.weights.options import FetchOptions
+from pipelines.weights.ringplan import S3, PlannedFile, RingPlan, load_plan
+from pipelines.weights.s3 import S3Url, s3_errors
+from pipelines.weights.sources import NotServed, PeerSource, S3Source
+
+
+class RingError(PipelineError):
+    """This member could not complete its set (one line per file that failed)."""
+
+
+class Tally:
+    """Bytes done, told by the fetchers as they go (a Progress that only counts)."""
+
+    def __init__(self, done: int = 0):
+        self.done = done
+        self._lock = threading.Lock()
+
+    def advance(self, name: str, n: int) -> None:
+        """Count n more bytes."""
+        with self._lock:
+            self.done += n
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+@dataclass
+class MemberReport:
+    """What one member did: files verified, bytes per source, files refused per peer."""
+
+    verified: int = 0
+    from_s3: int = 0
+    from_peers: int = 0
+    refused: dict[str, list[str]] = field(default_factory=dict)  # file -> peers refused
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+def entry_of(f: PlannedFile) -> LockEntry:
+    """The lock entry of a planned file."""
+    return LockEntry(name=f.name, size=f.size, sha256=f.sha256)
+
+
+class Member:
+    """One member of a ring staging run."""
+
+    def __init__(
+        self,
+        plan: RingPlan,
+        rank: int,
+        blobs: BlobStore,
+        client,
+        options: FetchOptions,
+        peer_wait_s: float = 1800.0,
+        poll_s: float = 0.25,
+        interval: float = 10.0,
+        stream: TextIO = sys.stderr,
+    ):
+        self.plan, self.rank, self.blobs, self.options = plan, rank, blobs, options
+        self.me = plan.members[rank]
+        self.peer_wait_s, self.poll_s, self.interval, self.stream = (
+            peer_wait_s,
+            poll_s,
+            interval,
+            stream,
+        )
+        self.ring_dir = blobs.root / "ring"
+        self.ring_dir.mkdir(exist_ok=True)
+        self.s3 = S3Source(client, S3Url.parse(plan.source), options.retries)
+        self.http = urllib3.PoolManager(
+            maxsize=options.workers, timeout=urllib3.Timeout(connect=5, read=60)
+        )
+        self.peers = {
+            p: PeerSource(self.http, f"http://{address}:{plan.port}", plan.members[p].node)
+            for p, address in self.me.reach.items()
+        }
+        self.total = sum(f.size for f in plan.files)
+        self.report = MemberReport()
+        self.statuses: dict[int, dict] = {}
+        self.started = time.monotonic()
+        self._printed = 0.0
+        self._complete = False
+        self.fetchers: list[Fetcher] = []
+
+    # --- the run ---------------------------------------------------------------------------
+
+    def run(self) -> MemberReport:
+        """Serve, fetch own files from S3 and the rest from peers, linger; raise on failures."""
+        server = BlobServer(
+            self.blobs.blobs, self.ring_dir, self.me.listen, self.me.allow, self.plan.port
+        )
+        entries = [entry_of(f) for f in self.plan.files]
+        missing = {e.name for e in self.blobs.missing_entries(entries)}
+        self.tally = Tally(sum(f.size for f in self.plan.files if f.name not in missing))
+        self.write_status()
+        server.start()
+        try:
+            self.say(
+                f"serving on {', '.join(self.me.listen)}:{self.plan.port} to"
+                f" {', '.join(self.me.allow) or 'nobody'}; {len(missing)} of"
+                f" {len(self.plan.files)} files to fetch"
+            )
+            own = [f for f in self.plan.from_s3(self.rank) if f.name in missing]
+            others = [f for f in self.plan.from_peers(self.rank) if f.name in missing]
+            # Two fetchers, each with its own range pool: peer ranges must never make the S3
+            # ranges wait, the uplink to S3 being the ring's scarce link.
+            s3_side = Fetcher(self.s3, self.blobs, self.options, self.tally)
+            peer_side = Fetcher(self.s3, self.blobs, self.options, self.tally)
+            self.fetchers = [s3_side, peer_side]
+            own_files = ThreadPoolExecutor(self.options.files_at_once, "s3-file")
+            try:
+                own_done = {
+                    own_files.submit(s3_side.fetch_file, entry_of(f), self.s3): f for f in own
+                }
+                self.fetch_from_peers(others, peer_side, own_done)
+                wait(own_done)
+                for future, f in own_done.items():
+                    try:
+                        s3_side.settle(f.name, future.result())
+                    except PipelineError as err:
+                        self.report.failed[f.name] = str(err)
+            except BaseException:
+                s3_side.stop.set()
+                peer_side.stop.set()
+                raise
+            finally:
+                own_files.shutdown(wait=True, cancel_futures=True)
+                s3_side.close()
+                peer_side.close()
+            self.report.from_s3 = self.by_origin("s3")
+            self.report.from_peers = self.by_origin("peers")
+            self.report.verified = len(self.plan.files) - len(
+                self.blobs.missing_entries([entry_of(f) for f in self.plan.files])
+            )
+            self._complete = not self.report.failed
+            self.write_status()
+            self.print_progress(force=True)
+            if self.report.failed:
+                raise RingError("\n".join(self.report.failed.values()))
+            self.linger()
+        finally:
+            server.stop()
+        return self.report
+
+    def fetch_from_peers(
+        self, files: list[PlannedFile], fetcher: Fetcher, own: dict[Future, PlannedFile]
+    ) -> None:
+        """Each file from the first peer on its route that has it; S3 as the last resort."""
+        pending = list(files)
+        since = {f.name: time.monotonic() for f in files}
+        refused: dict[str, set[int]] = {f.name: set() for f in files}
+        inflight: dict[Future, tuple[PlannedFile, int]] = {}
+        pool = ThreadPoolExecutor(self.options.files_at_once, "peer-file")
+        try:
+            while pending or inflight or not all(f.done() for f in own):
+                self.refresh_peers()
+                for f in list(pending):
+                    if len(inflight) >= self.options.files_at_once:
+                        break
+                    source = self.choose(f, refused[f.name], since[f.name])
+                    if source is None:
+                        continue
+                    pending.remove(f)
+                    reader = self.s3 if source == S3 else self.peers[source]
+                    inflight[pool.submit(fetcher.fetch_file, entry_of(f), reader)] = (f, source)
+                done, _ = wait(inflight, timeout=self.poll_s, return_when=FIRST_COMPLETED)
+                if not inflight:
+                    time.sleep(self.poll_s)
+                for future in done:
+                    f, source = inflight.pop(future)
+                    self.settle_peer_file(future, f, source, fetcher, pending, refused)
+                self.write_status()
+                self.print_progress()
+        except BaseException:
+            fetcher.stop.set()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def settle_peer_file(
+        self,
+        future: Future,
+        f: PlannedFile,
+        source: int,
+        fetcher: Fetcher,
+        pending: list[PlannedFile],
+        refused: dict[str, set[int]],
+    ) -> None:
+        """Record a file's outcome; a peer that failed it is refused for it and it goes back."""
+        try:
+            fetcher.settle(f.name, future.result())
+        except NotServed:
+            pending.append(f)  # gone between its status and our GET: ask again
+        except PipelineError as err:
+            if source == S3:
+                self.report.failed[f.name] = str(err)
+                return
+            node = self.plan.members[source].node
+            refused[f.name].add(source)
+            self.report.refused.setdefault(f.name, []).append(node)
+            self.say(f"refused {f.name} from {node}: {err}; asking another source")
+            pending.append(f)
+
+    def choose(self, f: PlannedFile, refused: set[int], since: float) -> int | None:
+        """The first peer on f's route that has it, S3 when none can, None to wait."""
+        route = [p for p in f.routes[self.rank] if p != S3 and p not in refused]
+        for p in route:
+            if f.sha256 in self.statuses.get(p, {}).get("published", ()):
+                return p
+        if not route:
+            self.say(f"{f.name}: every peer on its route was refused; fetching it from S3")
+            return S3
+        if time.monotonic() - since > self.peer_wait_s:
+            self.say(f"{f.name}: no peer had it after {self.peer_wait_s:.0f} s; fetching from S3")
+            return S3
+        return None
+
+    def linger(self) -> None:
+        """Keep serving until every peer is done (or none has changed for peer_wait_s)."""
+        last, changed = None, time.monotonic()
+        while True:
+            self.refresh_peers()
+            view = {p: (s.get("complete"), s.get("done")) for p, s in self.statuses.items()}
+            if len(self.statuses) == len(self.peers) and all(c for c, _ in view.values()):
+                break
+            if view != last:
+                last, changed = view, time.monotonic()
+            elif time.monotonic() - changed > self.peer_wait_s:
+                self.say("peers stopped changing; no longer serving")
+                break
+            self.print_progress()
+            time.sleep(self.poll_s)
+        self.print_progress(force=True)
+
+    # --- status and progress -----------------------------------------------------------------
+
+    def refresh_peers(self) -> None:
+        """Each reachable peer's status.json (a peer not answering keeps its last one)."""
+        for p, peer in self.peers.items():
+            try:
+                response = self.http.request("GET", f"{peer.base}/status.json", retries=False)
+            except urllib3.exceptions.HTTPError:
+                continue
+            if response.status == 200:
+                try:
+                    self.statuses[p] = json.loads(response.data)
+                except ValueError:
+                    continue  # a status being replaced as we read it: the next poll sees it
+
+    def write_status(self) -> None:
+        """What this member has and how far it is, for its peers (served as /status.json)."""
+        entries = [entry_of(f) for f in self.plan.files]
+        missing = {e.sha256 for e in self.blobs.missing_entries(entries)}
+        status = {
+            "rank": self.rank,
+            "node": self.me.node,
+            "lock_sha256": self.plan.lock_sha256,
+            "published": sorted(e.sha256 for e in entries if e.sha256 not in missing),
+            "done": self.tally.done,
+            "total": self.total,
+            "from_s3": self.by_origin("s3"),
+            "from_peers": self.by_origin("peers"),
+            "complete": self._complete,
+        }
+        # Renamed into place (peers never read half of it); not synced: it says what is now.
+        tmp = self.ring_dir / f".status.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(status))
+        os.replace(tmp, self.ring_dir / "status.json")
+
+    def print_progress(self, force: bool = False) -> None:
+        """A line every interval: this member's bytes by source, rate, ETA, and the ring's."""
+        now = time.monotonic()
+        if not force and now - self._printed < self.interval:
+            return
+        self._printed = now
+        took = max(now - self.started, 1e-9)
+        done = self.tally.done
+        rate = done / took
+        left = (self.total - done) / rate if rate > 0 else None
+        ring_done = done + sum(s.get("done", 0) for s in self.statuses.values())
+        ring_total = self.total * len(self.plan.members)
+        ring_left = (ring_total - ring_done) / (ring_done / took) if ring_done else None
+        self.say(
+            f"{human_bytes(done)} / {human_bytes(self.total)} ({100 * done / self.total:.0f}%),"
+            f" {human_bytes(self.by_origin('s3'))} from S3,"
+            f" {human_bytes(self.by_origin('peers'))} from peers,"
+            f" {rate / 1e6:.0f} MB/s, ETA {eta(left)}; ring {human_bytes(ring_done)} /"
+            f" {human_bytes(ring_total)} ({100 * ring_done / ring_total:.0f}%),"
+            f" ETA {eta(ring_left)}"
+        )
+
+    def by_origin(self, origin: str) -> int:
+        """Bytes downloaded so far from one kind of source ("s3" or "peers")."""
+        return sum(f.report.by_origin.get(origin, 0) for f in self.fetchers)
+
+    def say(self, text: str) -> None:
+        """One plain line, prefixed with this member's node."""
+        print(f"stage_ring {self.me.node}: {text}", file=self.stream, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The member's command line; one line and exit 1 on failure."""
+    parser = argparse.ArgumentParser(prog="python -m pipelines.weights.ring", description=__doc__)
+    parser.add_argument("--plan", type=Path, required=True, help="the ring plan (JSON)")
+    parser.add_argument("--rank", type=int, required=True, help="this member's rank")
+    parser.add_argument("--root", type=Path, required=True, help="the weights folder")
+    parser.add_argument("--statcache", type=Path, help="default: ROOT/statcache.sqlite3")
+    parser.add_argument("--peer-wait-s", type=float, default=1800.0)
+    parser.add_argument("--interval", type=float, default=10.0, help="seconds between lines")
+    parser.add_argument("--part-mib", type=int, default=32)
+    args = parser.parse_args(argv)
+    try:
+        plan = load_plan(args.plan.read_text())
+        if not 0 <= args.rank < len(plan.members):
+            raise PipelineError(
+                f"--rank {args.rank}: expected 0..{len(plan.members) - 1} ({args.plan})"
+            )
+        from pipelines.weights.s3 import s3_client
+
+        blobs = BlobStore(args.root, StatCache(args.statcache or args.root / "statcache.sqlite3"))
+        options = FetchOptions(part_size=args.part_mib << 20)
+        with s3_errors(plan.source):
+            client = s3_client()
+            member = Member(
+                plan, args.rank, blobs, client, options, args.peer_wait_s, interval=args.interval
+            )
+            report = member.run()
+    except (PipelineError, OSError) as err:
+        print(f"stage_ring: {err}", file=sys.stderr)
+        return 1
+    member.say(
+        f"done: {report.verified} files verified, {human_bytes(report.from_s3)} from S3,"
+        f" {human_bytes(report.from_peers)} from peers"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Where a fetch reads a file's bytes from: the S3 bucket, or a ring peer's blob server.
+
+Both fill a range into a caller's buffer and report bytes as they arrive; neither decides
+whether the bytes are right (the fetch hashes the whole file against the lock, whatever the
+source). A peer that does not have the file yet, or cannot be reached, says NotServed, so the
+fetch can ask another.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import urllib3
+
+from pipelines.errors import PipelineError
+from pipelines.weights.lock import LockEntry
+from pipelines.weights.ranges import BROKEN_BODY, RETRIES, RangeError, read_body, read_range
+from pipelines.weights.s3 import S3Url
+
+OnBytes = Callable[[int], None]
+
+
+class NotServed(PipelineError):
+    """The source does not serve this file (not there yet, refused, or unreachable)."""
+
+
+class S3Source:
+    """The model's bucket."""
+
+    origin = "s3"
+
+    def __init__(self, client, url: S3Url, retries: int = RETRIES):
+        self.client, self.url, self.retries = client, url, retries
+        self.label = "S3"
+
+    def read(
+        self,
+        entry: LockEntry,
+        start: int,
+        view: memoryview,
+        stop: threading.Event,
+        on_bytes: OnBytes,
+        throttle: OnBytes | None,
+    ) -> None:
+        """Fill view with entry's bytes from start (read_range retries broken bodies)."""
+        read_range(
+            self.client, self.url, entry.name, start, view, self.retries, stop, on_bytes, throttle
+        )
+
+
+class PeerSource:
+    """A ring member's blob server: GET /sha256/<sha256> with a Range, read-only."""
+
+    origin = "peers"
+
+    def __init__(self, pool: urllib3.PoolManager, base: str, label: str, retries: int = RETRIES):
+        self.pool, self.base, self.label, self.retries = pool, base.rstrip("/"), label, retries
+
+    def has(self, sha256: str) -> bool:
+        """True when the peer serves the blob now (a HEAD)."""
+        try:
+            response = self.pool.request("HEAD", f"{self.base}/sha256/{sha256}", retries=False)
+        except urllib3.exceptions.HTTPError:
+            return False
+        return response.status == 200
+
+    def read(
+        self,
+        entry: LockEntry,
+        start: int,
+        view: memoryview,
+        stop: threading.Event,
+        on_bytes: OnBytes,
+        throttle: OnBytes | None,
+    ) -> None:
+        """Fill view with entry's bytes from start, checking the server's Content-Range."""
+        end = start + len(view) - 1
+        what = f"{entry.name} from {self.label}"
+        for attempt in range(self.retries + 1):
+            try:
+                response = self.pool.request(
+                    "GET",
+                    f"{self.base}/sha256/{entry.sha256}",
+                    headers={"Range": f"bytes={start}-{end}"},
+                    preload_content=False,
+                    retries=False,
+                )
+            except urllib3.exceptions.HTTPError as err:
+                raise NotServed(f"{what}: unreachable ({type(err).__name__})") from None
+            try:
+                self._check(response, entry, start, end, what)
+                read_body(response.readinto, view, what, stop, on_bytes, throttle)
+                return
+            except BROKEN_BODY as err:
+                if attempt == self.retries:
+                    raise RangeError(
+                        f"{what}: bytes {start}-{end} broke {self.retries + 1} times"
+                        f" ({type(err).__name__})"
+                    ) from None
+                time.sleep(min(2**attempt * 0.2, 5))
+            finally:
+                response.release_conn()
+
+    @staticmethod
+    def _check(response, entry: LockEntry, start: int, end: int, what: str) -> None:
+        """The answer is the asked range of a file of the locked size, or NotServed."""
+        if response.status in (403, 404):
+            response.drain_conn()
+            raise NotServed(f"{what}: HTTP {response.status}")
+        expected = f"bytes {start}-{end}/{entry.size}"
+        got = response.headers.get("Content-Range")
+        if response.status != 206 or got != expected:
+            response.drain_conn()
+            raise NotServed(
+                f"{what}: HTTP {response.status} Content-Range {got!r}, expected {expected!r}"
+            )

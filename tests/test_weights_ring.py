@@ -1,0 +1,214 @@
+"""Ring staging: the plan (pure), the blob server's refusals, and `doit plan_weights`."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import urllib3
+
+from pipelines.profiles import ProfileError, parse_profile
+from pipelines.weights.blobserver import BlobServer
+from pipelines.weights.ringplan import S3, RingNode, describe_plan, load_plan, plan_json, plan_ring
+
+REPO = Path(__file__).resolve().parent.parent
+GB = 10**9
+
+
+def model_entries() -> list[tuple[str, int, str]]:
+    """The real model's shape: 54 files, two 101 GB Engram shards, ~460 GB in all."""
+    sizes = {f"model-{i:05d}-of-00048.safetensors": 5_600_000_000 for i in range(1, 47)}
+    sizes |= {"model-00047-of-00048.safetensors": 101 * GB}
+    sizes |= {"model-00048-of-00048.safetensors": 101 * GB}
+    sizes |= {name: 20_000 for name in ("config.json", "tokenizer.json", "MD5SUMS.body")}
+    sizes |= {n: 9_000 for n in ("quantization_config.json", "tokenizer_config.json")}
+    sizes |= {"model.safetensors.index.json": 120_000}
+    return [(n, s, hashlib.sha256(n.encode()).hexdigest()) for n, s in sorted(sizes.items())]
+
+
+def triangle() -> list[RingNode]:
+    """Three members, each pair on its own direct link (a switchless ring of three)."""
+    return [
+        RingNode("spark-1", "192.168.100.11", {"spark-2": "10.0.12.1", "spark-3": "10.0.13.1"}),
+        RingNode("spark-2", "192.168.100.12", {"spark-1": "10.0.12.2", "spark-3": "10.0.23.2"}),
+        RingNode("spark-3", "192.168.100.13", {"spark-1": "10.0.13.3", "spark-2": "10.0.23.3"}),
+    ]
+
+
+def square() -> list[RingNode]:
+    """Four members cabled in a cycle 1-2-3-4-1: 1 and 3 (2 and 4) share no link."""
+    links = {
+        "spark-1": {"spark-2": "10.0.12.1", "spark-4": "10.0.41.1"},
+        "spark-2": {"spark-1": "10.0.12.2", "spark-3": "10.0.23.2"},
+        "spark-3": {"spark-2": "10.0.23.3", "spark-4": "10.0.34.3"},
+        "spark-4": {"spark-3": "10.0.34.4", "spark-1": "10.0.41.4"},
+    }
+    return [RingNode(n, f"192.168.100.2{i}", links[n]) for i, n in enumerate(links, 1)]
+
+
+def test_each_file_comes_from_s3_once_and_the_owners_share_the_bytes_evenly():
+    entries = model_entries()
+    plan = plan_ring("m", "s3://b/m", "0" * 64, entries, triangle(), 8098)
+    assert sorted(f.name for f in plan.files) == sorted(n for n, _, _ in entries)
+    owned = [sum(f.size for f in plan.from_s3(rank)) for rank in range(3)]
+    assert sum(owned) == sum(s for _, s, _ in entries)  # one model from S3, not three
+    # Biggest first to the least loaded: no member owns more than a third plus one file.
+    assert max(owned) - min(owned) <= 5_600_000_000
+    engram = [f.owner for f in plan.files if f.size == 101 * GB]
+    assert sorted(engram) == [0, 1]  # the two 101 GB shards go to different members
+    for f in plan.files:
+        assert f.routes[f.owner] == (S3,)
+        for rank, route in enumerate(f.routes):
+            if rank != f.owner:
+                assert route[0] == f.owner and route[-1] == S3  # owner first, S3 last
+
+
+def test_a_member_fetches_only_from_linked_neighbours_nearest_the_owner_first():
+    plan = plan_ring("m", "s3://b/m", "0" * 64, model_entries(), square(), 8098)
+    for f in plan.files:
+        opposite = (f.owner + 2) % 4
+        for rank in ((f.owner + 1) % 4, (f.owner + 3) % 4):
+            assert f.routes[rank][0] == f.owner  # the owner's neighbours take it from the owner
+        # The member opposite the owner has no link to it: it asks its two neighbours.
+        assert f.owner not in f.routes[opposite]
+        assert sorted(f.routes[opposite][:2]) == sorted({(f.owner + 1) % 4, (f.owner + 3) % 4})
+    spark1 = plan.members[0]
+    assert spark1.reach == {1: "10.0.12.2", 3: "10.0.41.4"}  # peers' ends of its two links
+    assert spark1.listen == ("10.0.12.1", "10.0.41.1")
+    assert spark1.allow == ("10.0.12.2", "10.0.41.4")
+
+
+def test_without_links_members_serve_and_reach_each_other_at_management_addresses():
+    nodes = [RingNode(n.node, n.address, {}) for n in triangle()]
+    plan = plan_ring("m", "s3://b/m", "0" * 64, model_entries(), nodes, 8098)
+    assert plan.over == "management"
+    assert plan.members[1].listen == ("192.168.100.12",)
+    assert plan.members[1].allow == ("192.168.100.11", "192.168.100.13")
+    assert plan.members[1].reach == {0: "192.168.100.11", 2: "192.168.100.13"}
+
+
+def test_plan_is_a_pure_function_and_survives_its_json():
+    one = plan_ring("m", "s3://b/m", "0" * 64, model_entries(), triangle(), 8098)
+    two = plan_ring("m", "s3://b/m", "0" * 64, list(reversed(model_entries())), triangle(), 8098)
+    assert one == two
+    assert load_plan(plan_json(one)) == one
+    text = describe_plan(one).splitlines()
+    assert text[1] == "S3 serves 459.6 GB once (each member from S3: 1378.8 GB)"
+    assert text[4].split() == ["0", "spark-1", "11", "files", "151.4", "GB", "spark-2", "151.4",
+                               "GB,", "spark-3", "156.8", "GB"]  # fmt: skip
+
+
+PROFILE_HEAD = """\
+name: {name}
+description: A simulated ring of three on this machine.
+runtime: simulated
+deploy: docker
+local_stack: true
+image: local-sim
+model:
+  lock: dsv41-flash-synthetic
+  source: s3://models/sparkforge/DeepSeek-V4.1-Flash-synthetic
+  served_name: DeepSeek-V4.1-Flash-EXL3
+  format: safetensors
+  quantization: exl3
+  config_patch: tp3-heads
+parallel: {{tensor: 3, pipeline: 1}}
+resources: {{gpu: 1, memory: 2Gi, cpu: "1"}}
+simulator:
+  {{port: 8000, max_model_len: 8192, max_running_requests: 4, ttft_s: 0.1, decode_tok_s: 100}}
+members:
+"""
+
+
+def ring_profile(folder: Path, name: str, members: str) -> Path:
+    """A three-member simulated ring profile with the given members block."""
+    path = folder / f"{name}.yaml"
+    path.write_text(PROFILE_HEAD.format(name=name) + members)
+    return path
+
+
+TRIANGLE_MEMBERS = """\
+  - {node: m0, address: 127.0.0.1, socket_interface: lo, links: {m1: 10.0.1.1, m2: 10.0.2.1}}
+  - {node: m1, address: 127.0.0.1, socket_interface: lo, links: {m0: 10.0.1.2, m2: 10.0.3.2}}
+  - {node: m2, address: 127.0.0.1, socket_interface: lo, links: {m0: 10.0.2.3, m1: 10.0.3.3}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("members", "error"),
+    [
+        (
+            TRIANGLE_MEMBERS.replace("m2: 10.0.3.2", "m9: 10.0.3.2"),
+            "field 'members.1.links.m9': expected another member's node (one of m0, m2)",
+        ),
+        (
+            TRIANGLE_MEMBERS.replace(", m1: 10.0.3.3", ""),
+            "field 'members.2.links': expected 'm1', the other end of members.1.links.m2",
+        ),
+        (
+            TRIANGLE_MEMBERS.replace("links: {m0: 10.0.2.3, m1: 10.0.3.3}", "claim: x"),
+            "field 'members.2.links': required once any member names its links",
+        ),
+        (
+            TRIANGLE_MEMBERS.replace("10.0.1.1", "10.0.1.300"),
+            "members",
+        ),
+    ],
+)
+def test_links_that_do_not_join_the_ring_are_refused_naming_the_field(tmp_path, members, error):
+    path = ring_profile(tmp_path, "ring", members)
+    with pytest.raises(ProfileError) as err:
+        parse_profile(path)
+    assert error in str(err.value)
+    assert str(path) in str(err.value)
+
+
+def test_doit_plan_weights_prints_who_fetches_what_from_where(tmp_path, stack_env):
+    ring_profile(tmp_path, "ring3", TRIANGLE_MEMBERS)
+    env = {**os.environ, **stack_env, "SPARKFORGE_PROFILES": str(tmp_path)}
+    env["SPARKFORGE_STORE"] = str(tmp_path / "store")
+    done = subprocess.run(
+        [sys.executable, "-m", "doit", "plan_weights", "profile=ring3"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "54 files, 98.6 MB, 3 members over the ring's links" in out
+    assert "S3 serves 98.6 MB once (each member from S3: 295.8 MB)" in out
+    rows = {row.split()[0]: row.split()[2:] for row in out.splitlines() if ".safetensors" in row}
+    big = rows["model-00047-of-00048.safetensors"]
+    assert big.count("S3") == 1 and big.count("<-") == 2  # one member from S3, two from it
+
+
+def test_blob_server_serves_ranges_to_ring_addresses_and_refuses_everyone_else(tmp_path):
+    blobs, ring = tmp_path / "blobs", tmp_path / "ring"
+    blobs.mkdir()
+    data = os.urandom(100_000)
+    sha = hashlib.sha256(data).hexdigest()
+    (blobs / sha).write_bytes(data)
+    (tmp_path / "partial.part").write_bytes(data)
+    server = BlobServer(blobs, ring, ("127.0.0.2",), ("127.0.0.3",), 18397).start()
+    try:
+        peer = urllib3.PoolManager(source_address=("127.0.0.3", 0), retries=False)
+        stranger = urllib3.PoolManager(source_address=("127.0.0.4", 0), retries=False)
+        url = f"http://127.0.0.2:18397/sha256/{sha}"
+        got = peer.request("GET", url, headers={"Range": "bytes=1000-1999"})
+        assert (got.status, got.headers["Content-Range"]) == (206, "bytes 1000-1999/100000")
+        assert got.data == data[1000:2000]
+        assert stranger.request("GET", url).status == 403
+        assert peer.request("PUT", url, body=b"x").status == 403
+        assert peer.request("DELETE", url).status == 403
+        assert peer.request("GET", "http://127.0.0.2:18397/partial.part").status == 404
+        assert peer.request("GET", "http://127.0.0.2:18397/sha256/../ring").status == 404
+        assert peer.request("GET", f"http://127.0.0.2:18397/sha256/{'0' * 64}").status == 404
+    finally:
+        pid = server.process.pid
+        server.stop()
+    assert not Path(f"/proc/{pid}").exists()
