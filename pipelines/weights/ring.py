@@ -102,11 +102,18 @@ class Member:
         self.ring_dir = blobs.root / "ring"
         self.ring_dir.mkdir(exist_ok=True)
         self.s3 = S3Source(client, S3Url.parse(plan.source), options.retries)
-        self.http = urllib3.PoolManager(
-            maxsize=options.workers, timeout=urllib3.Timeout(connect=5, read=60)
-        )
+        # Each peer is asked from this member's own address on the link to it: the address
+        # that peer's server allows.
         self.peers = {
-            p: PeerSource(self.http, f"http://{address}:{plan.port}", plan.members[p].node)
+            p: PeerSource(
+                urllib3.PoolManager(
+                    maxsize=options.workers,
+                    timeout=urllib3.Timeout(connect=5, read=60),
+                    source_address=(self.me.via[p], 0),
+                ),
+                f"http://{address}:{plan.port}",
+                plan.members[p].node,
+            )
             for p, address in self.me.reach.items()
         }
         self.total = sum(f.size for f in plan.files)
@@ -251,12 +258,17 @@ class Member:
         return None
 
     def linger(self) -> None:
-        """Keep serving until every peer is done (or none has changed for peer_wait_s)."""
+        """Keep serving until every peer is done (or none has changed for peer_wait_s).
+
+        Then a few polls more: the peer that finished last learns from this server that the
+        others are done too, and leaves at once instead of waiting for them.
+        """
         last, changed = None, time.monotonic()
         while True:
             self.refresh_peers()
             view = {p: (s.get("complete"), s.get("done")) for p, s in self.statuses.items()}
             if len(self.statuses) == len(self.peers) and all(c for c, _ in view.values()):
+                time.sleep(max(2.0, 8 * self.poll_s))
                 break
             if view != last:
                 last, changed = view, time.monotonic()
@@ -273,7 +285,7 @@ class Member:
         """Each reachable peer's status.json (a peer not answering keeps its last one)."""
         for p, peer in self.peers.items():
             try:
-                response = self.http.request("GET", f"{peer.base}/status.json", retries=False)
+                response = peer.pool.request("GET", f"{peer.base}/status.json", retries=False)
             except urllib3.exceptions.HTTPError:
                 continue
             if response.status == 200:

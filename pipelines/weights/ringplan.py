@@ -49,6 +49,7 @@ class PlannedMember:
     listen: tuple[str, ...]  # its addresses peers connect to
     allow: tuple[str, ...]  # the peers' addresses it serves (nobody else)
     reach: dict[int, str]  # peer rank -> the address to fetch from
+    via: dict[int, str]  # peer rank -> its own address on the way there (what the peer allows)
 
 
 @dataclass(frozen=True)
@@ -133,13 +134,15 @@ def plan_ring(
         peers = adjacent[rank]
         if linked:
             reach = {p: nodes[p].links[node.node] for p in peers}
+            via = {p: node.links[nodes[p].node] for p in peers}
             listen = tuple(node.links[nodes[p].node] for p in peers)
             allow = tuple(nodes[p].links[node.node] for p in peers)
         else:
             reach = {p: nodes[p].address for p in peers}
+            via = {p: node.address for p in peers}
             listen = (node.address,)
             allow = tuple(nodes[p].address for p in peers)
-        members.append(PlannedMember(rank, node.node, listen, allow, reach))
+        members.append(PlannedMember(rank, node.node, listen, allow, reach, via))
     over = "links" if linked else "management"
     return RingPlan(model, source, lock_sha256, port, over, tuple(members), tuple(files))
 
@@ -159,6 +162,7 @@ def load_plan(text: str) -> RingPlan:
             tuple(m["listen"]),
             tuple(m["allow"]),
             {int(k): v for k, v in m["reach"].items()},
+            {int(k): v for k, v in m["via"].items()},
         )
         for m in data["members"]
     )
