@@ -93,6 +93,12 @@ class RingNet:
         return counts
 
 
+def refused_here(err: LinkError) -> bool:
+    """True when the error says this host lets nobody make network namespaces (no NET_ADMIN)."""
+    text = str(err)
+    return "netns add" in text and ("not permitted" in text or "denied" in text)
+
+
 def uplink_device(tag: str, rank: int, end: str) -> str:
     """Member rank's uplink veth end: "s" the one in the server's namespace, "m" in its own."""
     return f"{tag}u{rank}{end}"

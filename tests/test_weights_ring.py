@@ -1,19 +1,36 @@
-"""Ring staging: the plan (pure), the blob server's refusals, and `doit plan_weights`."""
+"""Ring staging: the plan (pure), the blob server's refusals, `doit plan_weights`, and three
+members in network namespaces staging the model from one S3 over shaped uplinks."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
+import re
+import secrets
+import signal
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import boto3
 import pytest
 import urllib3
 
+from devstack.netns import LinkError
+from devstack.ringnet import RingNet, refused_here, ring_network
+from devstack.settings import default_stack_dir
 from pipelines.profiles import ProfileError, parse_profile
+from pipelines.statcache import StatCache
+from pipelines.weights.blobs import BlobStore
 from pipelines.weights.blobserver import BlobServer
+from pipelines.weights.lock import Lock, load_lock
 from pipelines.weights.ringplan import S3, RingNode, describe_plan, load_plan, plan_json, plan_ring
+from pipelines.weights.s3 import S3Url
+from pipelines.weights.synthetic import SyntheticShape, upload_synthetic
 
 REPO = Path(__file__).resolve().parent.parent
 GB = 10**9
@@ -212,3 +229,201 @@ def test_blob_server_serves_ranges_to_ring_addresses_and_refuses_everyone_else(t
         pid = server.process.pid
         server.stop()
     assert not Path(f"/proc/{pid}").exists()
+
+
+# --- a ring of three network namespaces (devstack/ringnet.py) -----------------------------------
+
+UPLINK = "200mbit"  # each member's path to S3: the scarce link
+LINK = "400mbit"  # between members: faster, and slow enough to kill a member mid-way
+SYNTHETIC = REPO / "weights" / "dsv41-flash-synthetic.lock.yaml"
+BIG = "model-00047-of-00048.safetensors"
+
+
+@dataclass
+class Ring:
+    """The namespaces, the model in their S3, and the plan every member gets."""
+
+    net: RingNet
+    credentials: dict[str, str]
+    lock: Lock
+    plan_file: Path
+    work: Path
+
+    @property
+    def model_bytes(self) -> int:
+        """Bytes in one copy of the model."""
+        return sum(e.size for e in self.lock.files)
+
+
+@pytest.fixture(scope="module")
+def ring():
+    """Three members, each behind its own shaped uplink to S3, on a triangle of links."""
+    credentials = {
+        "AWS_ACCESS_KEY_ID": secrets.token_hex(10),
+        "AWS_SECRET_ACCESS_KEY": secrets.token_hex(20),
+    }
+    scratch = default_stack_dir() / "ringnet"
+    with contextlib.ExitStack() as stack:
+        try:
+            net = stack.enter_context(ring_network(3, UPLINK, credentials, scratch, LINK))
+        except LinkError as err:
+            if refused_here(err):
+                pytest.skip(f"no network namespaces here (CAP_NET_ADMIN): {err}")
+            raise
+        lock = load_lock(SYNTHETIC)
+        host = boto3.client(
+            "s3",
+            endpoint_url=net.host_endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
+        )
+        upload_synthetic(host, lock.source, SyntheticShape())
+        nodes = [
+            RingNode(f"m{m.rank}", m.links[(m.rank + 1) % 3][0], {
+                f"m{peer}": mine for peer, (mine, _) in m.links.items()
+            })
+            for m in net.members
+        ]  # fmt: skip
+        entries = [(e.name, e.size, e.sha256) for e in lock.files]
+        plan = plan_ring(lock.model, lock.source, "0" * 64, entries, nodes, 8098)
+        work = net.data / "staging"
+        work.mkdir()
+        plan_file = work / "plan.json"
+        plan_file.write_text(plan_json(plan))
+        yield Ring(net, credentials, lock, plan_file, work)
+
+
+def start_member(ring: Ring, rank: int, root: Path, log: Path) -> subprocess.Popen:
+    """`python -m pipelines.weights.ring` for member rank, in its namespace, S3 on its uplink."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env |= ring.credentials | {
+        "AWS_ENDPOINT_URL": ring.net.members[rank].s3_endpoint,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    argv = [sys.executable, "-m", "pipelines.weights.ring", "--plan", str(ring.plan_file),
+            "--rank", str(rank), "--root", str(root), "--interval", "1", "--part-mib", "4",
+            "--peer-wait-s", "60"]  # fmt: skip
+    with open(log, "ab") as out:
+        return ring.net.popen(rank, argv, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+
+
+def finish(processes: dict[int, subprocess.Popen], logs: dict[int, Path], timeout: float = 120):
+    """Wait for every member; a failure shows its log."""
+    for rank, process in processes.items():
+        rc = process.wait(timeout=timeout)
+        assert rc == 0, f"member {rank} exited {rc}:\n{logs[rank].read_text()[-3000:]}"
+
+
+def assert_only_right_blobs(root: Path, lock: Lock) -> None:
+    """Every locked file is a blob, and every blob's bytes hash to its name."""
+    blobs = root / "blobs" / "sha256"
+    for blob in blobs.iterdir():
+        assert hashlib.sha256(blob.read_bytes()).hexdigest() == blob.name, f"wrong blob {blob}"
+    assert {e.sha256 for e in lock.files} <= {b.name for b in blobs.iterdir()}
+
+
+def roots_and_logs(ring: Ring, name: str) -> tuple[dict[int, Path], dict[int, Path]]:
+    """A fresh weights folder and log file per member for one test."""
+    folder = ring.work / name
+    folder.mkdir()
+    return {r: folder / f"m{r}" for r in range(3)}, {r: folder / f"m{r}.log" for r in range(3)}
+
+
+def status(root: Path) -> dict:
+    """A member's status.json as it last wrote it ({} before it first does)."""
+    try:
+        return json.loads((root / "ring" / "status.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def test_ring_members_end_verified_with_one_model_from_s3(ring):
+    roots, logs = roots_and_logs(ring, "once")
+    before = ring.net.s3_bytes_served()
+    finish({r: start_member(ring, r, roots[r], logs[r]) for r in range(3)}, logs)
+    served = ring.net.s3_bytes_served() - before
+    for r in range(3):
+        assert_only_right_blobs(roots[r], ring.lock)
+        final = status(roots[r])
+        assert final["complete"] and final["from_peers"] > 0
+    # Counted at the server: one model (plus HTTP), not three.
+    assert ring.model_bytes <= served < 1.05 * ring.model_bytes, served
+    shares = [status(roots[r])["from_s3"] for r in range(3)]
+    assert sum(shares) < 1.05 * ring.model_bytes and min(shares) > 0.25 * ring.model_bytes
+    text = logs[2].read_text()
+    assert re.search(r"stage_ring m2: [\d.]+ MiB / 94\.0 MiB \(\d+%\), [\d.]+ MiB from S3,"
+                     r" [\d.]+ MiB from peers, \d+ MB/s, ETA \d:\d\d:\d\d; ring", text)  # fmt: skip
+    assert "stage_ring m2: done: 54 files verified" in text
+
+
+def test_a_member_killed_mid_way_resumes_from_its_peers(ring):
+    roots, logs = roots_and_logs(ring, "killed")
+    before = ring.net.s3_bytes_served()
+    members = {r: start_member(ring, r, roots[r], logs[r]) for r in range(3)}
+    deadline = time.monotonic() + 60
+    while not (status(roots[2]).get("from_peers", 0) > 8 << 20):
+        assert time.monotonic() < deadline and members[2].poll() is None, logs[2].read_text()
+        time.sleep(0.02)
+    os.killpg(members[2].pid, signal.SIGKILL)
+    members[2].wait()
+    assert not status(roots[2]).get("complete")
+    assert_only_right_blobs_so_far(roots[2])
+    kept = sum(p.stat().st_size for p in (roots[2] / "blobs" / "sha256").iterdir())
+    kept += sum(p.stat().st_size for p in (roots[2] / "partial").glob("*.part"))
+    members[2] = start_member(ring, 2, roots[2], logs[2])
+    finish(members, logs)
+    served = ring.net.s3_bytes_served() - before
+    for r in range(3):
+        assert_only_right_blobs(roots[r], ring.lock)
+    again = status(roots[2])
+    # The second run downloads only what the first left missing (a range in flight at the kill
+    # is the only loss), and mostly from its peers.
+    assert again["from_s3"] + again["from_peers"] <= ring.model_bytes - kept + (16 << 20)
+    assert again["from_peers"] > 0
+    assert "stage_ring m2: done: 54 files verified" in logs[2].read_text()
+    assert served < 1.3 * ring.model_bytes, served
+
+
+def assert_only_right_blobs_so_far(root: Path) -> None:
+    """Whatever was killed, every published blob hashes to its name."""
+    for blob in (root / "blobs" / "sha256").iterdir():
+        assert hashlib.sha256(blob.read_bytes()).hexdigest() == blob.name, f"wrong blob {blob}"
+
+
+def test_a_peer_serving_a_flipped_byte_is_refused_and_the_file_comes_from_another(ring):
+    roots, logs = roots_and_logs(ring, "flipped")
+    big = ring.lock.entry(BIG)
+    assert load_plan(ring.plan_file.read_text()).files[0].owner == 0  # m0 fetches it from S3
+    # m1 believes it holds the big shard (its stat cache says so), but one byte rotted on disk.
+    blobs = BlobStore(roots[1], StatCache(roots[1] / "statcache.sqlite3"))
+    host = boto3.client(
+        "s3",
+        endpoint_url=ring.net.host_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=ring.credentials["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=ring.credentials["AWS_SECRET_ACCESS_KEY"],
+    )
+    url = S3Url.parse(ring.lock.source)
+    data = bytearray(host.get_object(Bucket=url.bucket, Key=url.key(BIG))["Body"].read())
+    data[len(data) // 2] ^= 0x01
+    rotten = roots[1] / "partial" / "rotten"
+    rotten.write_bytes(data)
+    blobs.publish(rotten, big.sha256)
+    # m2 asks m1 first: m0, the shard's owner and m2's first choice, starts later.
+    members = {r: start_member(ring, r, roots[r], logs[r]) for r in (1, 2)}
+    deadline = time.monotonic() + 30
+    while "refused" not in logs[2].read_text():
+        assert time.monotonic() < deadline, logs[2].read_text()
+        time.sleep(0.05)
+    members[0] = start_member(ring, 0, roots[0], logs[0])
+    finish(members, logs)
+    text = logs[2].read_text()
+    assert (
+        f"stage_ring m2: refused {BIG} from m1: {BIG}: sha256 mismatch: expected {big.sha256}"
+        in text
+    )
+    assert "(from m1; not stored); asking another source" in text
+    assert_only_right_blobs(roots[2], ring.lock)
+    assert_only_right_blobs(roots[0], ring.lock)
+    assert "done: 54 files verified" in text
