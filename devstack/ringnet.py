@@ -36,6 +36,7 @@ from devstack.netns import (
     wait_for_bucket,
     weed_argv,
 )
+from devstack.settings import default_stack_dir
 
 UPLINKS = "10.253.0.0/16"
 RING_LINKS = "10.254.0.0/16"
@@ -91,6 +92,15 @@ class RingNet:
             for peer in member.links:
                 counts[member.rank, peer] = sent[ring_device(self.tag, member.rank, peer)]
         return counts
+
+
+def default_scratch() -> Path:
+    """Where rings keep their data: the stack's folder, or /var/tmp when that is under /tmp
+    (a checkout in /tmp, as CI's may be: the server's private /tmp would hide it)."""
+    folder = default_stack_dir().resolve()
+    if folder.is_relative_to("/tmp"):
+        return Path("/var/tmp/sparkforge-ringnet")
+    return folder / "ringnet"
 
 
 def refused_here(err: LinkError) -> bool:

@@ -13,8 +13,7 @@ import boto3
 import pytest
 
 from devstack.netns import LinkError, bits_per_second
-from devstack.ringnet import refused_here, ring_network
-from devstack.settings import default_stack_dir
+from devstack.ringnet import default_scratch, refused_here, ring_network
 
 MiB = 1 << 20
 OBJECT_BYTES = 20 * MiB
@@ -82,9 +81,7 @@ def test_ring_network_shapes_uplinks_meshes_members_and_leaves_nothing():
     env = child_env(credentials)
     with contextlib.ExitStack() as stack:
         try:
-            net = stack.enter_context(
-                ring_network(3, UPLINK, credentials, default_stack_dir() / "ringnet")
-            )
+            net = stack.enter_context(ring_network(3, UPLINK, credentials, default_scratch()))
         except LinkError as err:
             if refused_here(err):
                 pytest.skip(f"no network namespaces here (CAP_NET_ADMIN): {err}")

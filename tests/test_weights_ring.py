@@ -21,8 +21,7 @@ import pytest
 import urllib3
 
 from devstack.netns import LinkError
-from devstack.ringnet import RingNet, refused_here, ring_network
-from devstack.settings import default_stack_dir
+from devstack.ringnet import RingNet, default_scratch, refused_here, ring_network
 from pipelines.profiles import ProfileError, parse_profile
 from pipelines.statcache import StatCache
 from pipelines.weights.blobs import BlobStore
@@ -262,7 +261,7 @@ def ring():
         "AWS_ACCESS_KEY_ID": secrets.token_hex(10),
         "AWS_SECRET_ACCESS_KEY": secrets.token_hex(20),
     }
-    scratch = default_stack_dir() / "ringnet"
+    scratch = default_scratch()
     with contextlib.ExitStack() as stack:
         try:
             net = stack.enter_context(ring_network(3, UPLINK, credentials, scratch, LINK))
