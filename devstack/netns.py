@@ -24,7 +24,9 @@ UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 # own, in the mount namespace `ip netns exec` makes (mounts there do not reach the host), and
 # its data lives outside /tmp. Use: ["ip", "netns", "exec", NS, "sh", "-c", PRIVATE_TMP, "name",
 # *argv].
-PRIVATE_TMP = 'mount -t tmpfs private-tmp /tmp && exec "$@"'
+# The program is opened before the mount and run from that open file: a checkout in /tmp (as
+# CI's may be) would otherwise be hidden from the very command that lives in it.
+PRIVATE_TMP = 'exec 3<"$1" && shift && mount -t tmpfs private-tmp /tmp && exec /proc/self/fd/3 "$@"'
 
 
 class LinkError(Exception):
