@@ -361,27 +361,33 @@ def test_a_member_killed_mid_way_resumes_from_its_peers(ring):
     before = ring.net.s3_bytes_served()
     members = {r: start_member(ring, r, roots[r], logs[r]) for r in range(3)}
     deadline = time.monotonic() + 60
-    while not (status(roots[2]).get("from_peers", 0) > 8 << 20):
+    while not (status(roots[2]).get("from_peers", 0) > 8 << 20 and partial_bytes(roots[2])):
         assert time.monotonic() < deadline and members[2].poll() is None, logs[2].read_text()
         time.sleep(0.02)
     os.killpg(members[2].pid, signal.SIGKILL)
     members[2].wait()
     assert not status(roots[2]).get("complete")
     assert_only_right_blobs_so_far(roots[2])
-    kept = sum(p.stat().st_size for p in (roots[2] / "blobs" / "sha256").iterdir())
-    kept += sum(p.stat().st_size for p in (roots[2] / "partial").glob("*.part"))
+    partial = partial_bytes(roots[2])
+    kept = partial + sum(p.stat().st_size for p in (roots[2] / "blobs" / "sha256").iterdir())
     members[2] = start_member(ring, 2, roots[2], logs[2])
     finish(members, logs)
     served = ring.net.s3_bytes_served() - before
     for r in range(3):
         assert_only_right_blobs(roots[r], ring.lock)
     again = status(roots[2])
-    # The second run downloads only what the first left missing (a range in flight at the kill
-    # is the only loss), and mostly from its peers.
+    # The second run reads back what the first left on disk, downloads only what was missing
+    # (ranges in flight at the kill are the only loss), and from its peers.
+    assert again["read_back"] == partial > 0
     assert again["from_s3"] + again["from_peers"] <= ring.model_bytes - kept + (16 << 20)
     assert again["from_peers"] > 0
     assert "stage_ring m2: done: 54 files verified" in logs[2].read_text()
     assert served < 1.3 * ring.model_bytes, served
+
+
+def partial_bytes(root: Path) -> int:
+    """Bytes in a member's partial downloads (verified prefixes a restart reads back)."""
+    return sum(p.stat().st_size for p in (root / "partial").glob("*.part"))
 
 
 def assert_only_right_blobs_so_far(root: Path) -> None:
@@ -423,6 +429,7 @@ def test_a_peer_serving_a_flipped_byte_is_refused_and_the_file_comes_from_anothe
         in text
     )
     assert "(from m1; not stored); asking another source" in text
+    assert text.count(f"refused {BIG} from m1") == 1  # never asked again for it
     assert_only_right_blobs(roots[2], ring.lock)
     assert_only_right_blobs(roots[0], ring.lock)
     assert "done: 54 files verified" in text

@@ -307,6 +307,7 @@ class Member:
             "total": self.total,
             "from_s3": self.by_origin("s3"),
             "from_peers": self.by_origin("peers"),
+            "read_back": sum(f.report.read_back for f in self.fetchers),
             "complete": self._complete,
         }
         # Renamed into place (peers never read half of it); not synced: it says what is now.
