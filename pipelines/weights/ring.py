@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import sys
-import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from typing import TextIO
 import urllib3
 
 from pipelines.errors import PipelineError
-from pipelines.progress import eta, human_bytes
+from pipelines.progress import NoProgress, eta, human_bytes
 from pipelines.statcache import StatCache
 from pipelines.weights.blobs import BlobStore
 from pipelines.weights.blobserver import BlobServer
@@ -44,22 +43,6 @@ class RingError(PipelineError):
     """This member could not complete its set (one line per file that failed)."""
 
 
-class Tally:
-    """Bytes done, told by the fetchers as they go (a Progress that only counts)."""
-
-    def __init__(self, done: int = 0):
-        self.done = done
-        self._lock = threading.Lock()
-
-    def advance(self, name: str, n: int) -> None:
-        """Count n more bytes."""
-        with self._lock:
-            self.done += n
-
-    def close(self) -> None:
-        """Nothing to close."""
-
-
 @dataclass
 class MemberReport:
     """What one member did: files verified, bytes per source, files refused per peer."""
@@ -69,6 +52,14 @@ class MemberReport:
     from_peers: int = 0
     refused: dict[str, list[str]] = field(default_factory=dict)  # file -> peers refused
     failed: dict[str, str] = field(default_factory=dict)
+
+
+def part_size(path: Path) -> int:
+    """The size of a partial download, 0 when there is none."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def entry_of(f: PlannedFile) -> LockEntry:
@@ -123,6 +114,7 @@ class Member:
         self._printed = 0.0
         self._complete = False
         self.fetchers: list[Fetcher] = []
+        self.done = 0
 
     # --- the run ---------------------------------------------------------------------------
 
@@ -133,7 +125,6 @@ class Member:
         )
         entries = [entry_of(f) for f in self.plan.files]
         missing = {e.name for e in self.blobs.missing_entries(entries)}
-        self.tally = Tally(sum(f.size for f in self.plan.files if f.name not in missing))
         self.write_status()
         server.start()
         try:
@@ -146,8 +137,8 @@ class Member:
             others = [f for f in self.plan.from_peers(self.rank) if f.name in missing]
             # Two fetchers, each with its own range pool: peer ranges must never make the S3
             # ranges wait, the uplink to S3 being the ring's scarce link.
-            s3_side = Fetcher(self.s3, self.blobs, self.options, self.tally)
-            peer_side = Fetcher(self.s3, self.blobs, self.options, self.tally)
+            s3_side = Fetcher(self.s3, self.blobs, self.options, NoProgress())
+            peer_side = Fetcher(self.s3, self.blobs, self.options, NoProgress())
             self.fetchers = [s3_side, peer_side]
             own_files = ThreadPoolExecutor(self.options.files_at_once, "s3-file")
             try:
@@ -298,12 +289,17 @@ class Member:
         """What this member has and how far it is, for its peers (served as /status.json)."""
         entries = [entry_of(f) for f in self.plan.files]
         missing = {e.sha256 for e in self.blobs.missing_entries(entries)}
+        # Bytes verified, plus the verified-order prefixes on disk: never more than the model,
+        # whatever was downloaded and then refused.
+        self.done = sum(e.size for e in entries if e.sha256 not in missing) + sum(
+            part_size(self.blobs.partial_file(sha)) for sha in missing
+        )
         status = {
             "rank": self.rank,
             "node": self.me.node,
             "lock_sha256": self.plan.lock_sha256,
             "published": sorted(e.sha256 for e in entries if e.sha256 not in missing),
-            "done": self.tally.done,
+            "done": self.done,
             "total": self.total,
             "from_s3": self.by_origin("s3"),
             "from_peers": self.by_origin("peers"),
@@ -322,8 +318,8 @@ class Member:
             return
         self._printed = now
         took = max(now - self.started, 1e-9)
-        done = self.tally.done
-        rate = done / took
+        done = self.done
+        rate = (self.by_origin("s3") + self.by_origin("peers")) / took
         left = (self.total - done) / rate if rate > 0 else None
         ring_done = done + sum(s.get("done", 0) for s in self.statuses.values())
         ring_total = self.total * len(self.plan.members)
