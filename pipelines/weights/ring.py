@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rank", type=int, required=True, help="this member's rank")
     parser.add_argument("--root", type=Path, required=True, help="the weights folder")
     parser.add_argument("--statcache", type=Path, help="default: ROOT/statcache.sqlite3")
-    parser.add_argument("--peer-wait-s", type=float, default=1800.0)
+    parser.add_argument("--peer-wait-s", type=float, help="default: the plan's (the profile's)")
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between lines")
     parser.add_argument("--part-mib", type=int, default=32)
     args = parser.parse_args(argv)
@@ -366,7 +366,13 @@ def main(argv: list[str] | None = None) -> int:
         with s3_errors(plan.source):
             client = s3_client()
             member = Member(
-                plan, args.rank, blobs, client, options, args.peer_wait_s, interval=args.interval
+                plan,
+                args.rank,
+                blobs,
+                client,
+                options,
+                args.peer_wait_s or plan.peer_wait_s,
+                interval=args.interval,
             )
             report = member.run()
     except (PipelineError, OSError) as err:

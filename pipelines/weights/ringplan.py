@@ -63,6 +63,7 @@ class RingPlan:
     over: str  # "links" (the ring's direct links) or "management" (member addresses)
     members: tuple[PlannedMember, ...]
     files: tuple[PlannedFile, ...]
+    peer_wait_s: float = 1800.0  # a file no peer has after this long comes from S3
 
     def from_s3(self, rank: int) -> list[PlannedFile]:
         """The files member rank fetches from S3, biggest first."""
@@ -113,6 +114,7 @@ def plan_ring(
     entries: Sequence[tuple[str, int, str]],
     nodes: Sequence[RingNode],
     port: int,
+    peer_wait_s: float = 1800.0,
 ) -> RingPlan:
     """The plan for entries (name, size, sha256) over the ring's members, in rank order."""
     adjacent = neighbours(nodes)
@@ -144,7 +146,9 @@ def plan_ring(
             allow = tuple(nodes[p].address for p in peers)
         members.append(PlannedMember(rank, node.node, listen, allow, reach, via))
     over = "links" if linked else "management"
-    return RingPlan(model, source, lock_sha256, port, over, tuple(members), tuple(files))
+    return RingPlan(
+        model, source, lock_sha256, port, over, tuple(members), tuple(files), peer_wait_s
+    )
 
 
 def plan_json(plan: RingPlan) -> str:
@@ -180,6 +184,7 @@ def load_plan(text: str) -> RingPlan:
         data["over"],
         members,
         files,
+        data["peer_wait_s"],
     )
 
 

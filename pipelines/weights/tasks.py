@@ -262,15 +262,30 @@ class Weights:
         lock = self.complete_lock()
         nodes = [RingNode(m.node, m.address, dict(m.links)) for m in self.profile.members]
         entries = [(e.name, e.size, e.sha256) for e in lock.files]
+        staging = self.profile.staging
         return plan_ring(
-            lock.model, lock.source, self.lock_sha256(), entries, nodes, self.profile.staging.port
+            lock.model,
+            lock.source,
+            self.lock_sha256(),
+            entries,
+            nodes,
+            staging.port,
+            staging.peer_wait_s,
         )
 
     def print_ring_plan(self) -> None:
-        """Print the ring staging plan."""
-        from pipelines.weights.ringplan import describe_plan
+        """Print the ring staging plan and write it where each member's run can read it."""
+        from pipelines.files import write_atomic
+        from pipelines.weights.ringplan import describe_plan, plan_json
 
-        print(describe_plan(self.ring_plan()))
+        plan = self.ring_plan()
+        print(describe_plan(plan))
+        path = self.engine.store.root / "ring" / f"{self.profile.name}.plan.json"
+        write_atomic(path, plan_json(plan).encode())
+        print(
+            f"plan_weights: wrote {path}; each member N runs `python -m pipelines.weights.ring"
+            f" --plan {path.name} --rank N --root {self.outputs.node_weights_root}`"
+        )
 
     # --- doit tasks ------------------------------------------------------------------------
 
