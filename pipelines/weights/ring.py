@@ -273,11 +273,14 @@ class Member:
     # --- status and progress -----------------------------------------------------------------
 
     def refresh_peers(self) -> None:
-        """Each reachable peer's status.json (a peer not answering keeps its last one)."""
+        """Each peer's status.json; one not answering keeps its progress but serves nothing."""
         for p, peer in self.peers.items():
             try:
                 response = peer.pool.request("GET", f"{peer.base}/status.json", retries=False)
             except urllib3.exceptions.HTTPError:
+                # Down (killed, restarting): not asked for files until it answers again.
+                if p in self.statuses:
+                    self.statuses[p] = {**self.statuses[p], "published": []}
                 continue
             if response.status == 200:
                 try:
