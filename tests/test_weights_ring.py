@@ -18,6 +18,7 @@ from pathlib import Path
 
 import boto3
 import pytest
+import ringrun
 import urllib3
 
 from devstack.netns import LinkError
@@ -278,33 +279,19 @@ def ring():
             aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
         )
         upload_synthetic(host, lock.source, SyntheticShape())
-        nodes = [
-            RingNode(f"m{m.rank}", m.links[(m.rank + 1) % 3][0], {
-                f"m{peer}": mine for peer, (mine, _) in m.links.items()
-            })
-            for m in net.members
-        ]  # fmt: skip
-        entries = [(e.name, e.size, e.sha256) for e in lock.files]
-        plan = plan_ring(lock.model, lock.source, "0" * 64, entries, nodes, 8098)
         work = net.data / "staging"
         work.mkdir()
         plan_file = work / "plan.json"
-        plan_file.write_text(plan_json(plan))
+        ringrun.write_plan(net, lock, plan_file)
         yield Ring(net, credentials, lock, plan_file, work)
 
 
 def start_member(ring: Ring, rank: int, root: Path, log: Path) -> subprocess.Popen:
     """`python -m pipelines.weights.ring` for member rank, in its namespace, S3 on its uplink."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env |= ring.credentials | {
-        "AWS_ENDPOINT_URL": ring.net.members[rank].s3_endpoint,
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    argv = [sys.executable, "-m", "pipelines.weights.ring", "--plan", str(ring.plan_file),
-            "--rank", str(rank), "--root", str(root), "--interval", "1", "--part-mib", "4",
-            "--peer-wait-s", "60"]  # fmt: skip
-    with open(log, "ab") as out:
-        return ring.net.popen(rank, argv, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    return ringrun.start_member(
+        ring.net, rank, ring.credentials, ring.plan_file, root, log,
+        part_mib=4, peer_wait_s=60, interval=1,
+    )  # fmt: skip
 
 
 def finish(processes: dict[int, subprocess.Popen], logs: dict[int, Path], timeout: float = 120):
