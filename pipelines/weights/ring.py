@@ -114,6 +114,7 @@ class Member:
         self._printed = 0.0
         self._complete = False
         self.fetchers: list[Fetcher] = []
+        self.answering: set[int] = set()
         self.done = 0
 
     # --- the run ---------------------------------------------------------------------------
@@ -249,18 +250,19 @@ class Member:
         return None
 
     def linger(self) -> None:
-        """Keep serving until every peer is done (or none has changed for peer_wait_s).
+        """Keep serving until no peer needs this member, or none has changed for peer_wait_s.
 
-        Then a few polls more: the peer that finished last learns from this server that the
-        others are done too, and leaves at once instead of waiting for them.
+        A peer needs it until the peer is done, and until the peer knows this member is done
+        (else it would wait for this member in turn). A peer that no longer answers and was done
+        when last seen has left: it needs nothing.
         """
         last, changed = None, time.monotonic()
         while True:
             self.refresh_peers()
-            view = {p: (s.get("complete"), s.get("done")) for p, s in self.statuses.items()}
-            if len(self.statuses) == len(self.peers) and all(c for c, _ in view.values()):
-                time.sleep(max(2.0, 8 * self.poll_s))
+            self.write_status()
+            if all(self.needs_nothing(p) for p in self.peers):
                 break
+            view = {p: (s.get("complete"), s.get("done")) for p, s in self.statuses.items()}
             if view != last:
                 last, changed = view, time.monotonic()
             elif time.monotonic() - changed > self.peer_wait_s:
@@ -270,6 +272,13 @@ class Member:
             time.sleep(self.poll_s)
         self.print_progress(force=True)
 
+    def needs_nothing(self, p: int) -> bool:
+        """True when peer p is done and knows this member is done (or left, done)."""
+        seen = self.statuses.get(p, {})
+        if not seen.get("complete"):
+            return False
+        return p not in self.answering or self.rank in seen.get("knows_complete", ())
+
     # --- status and progress -----------------------------------------------------------------
 
     def refresh_peers(self) -> None:
@@ -278,10 +287,13 @@ class Member:
             try:
                 response = peer.pool.request("GET", f"{peer.base}/status.json", retries=False)
             except urllib3.exceptions.HTTPError:
-                # Down (killed, restarting): not asked for files until it answers again.
+                # Down (killed, restarting, or done and gone): not asked for files until it
+                # answers again.
+                self.answering.discard(p)
                 if p in self.statuses:
                     self.statuses[p] = {**self.statuses[p], "published": []}
                 continue
+            self.answering.add(p)
             if response.status == 200:
                 try:
                     self.statuses[p] = json.loads(response.data)
@@ -308,6 +320,10 @@ class Member:
             "from_peers": self.by_origin("peers"),
             "read_back": sum(f.report.read_back for f in self.fetchers),
             "complete": self._complete,
+            "knows_complete": sorted(
+                [self.rank] * self._complete
+                + [p for p, seen in self.statuses.items() if seen.get("complete")]
+            ),
         }
         # Renamed into place (peers never read half of it); not synced: it says what is now.
         tmp = self.ring_dir / f".status.{os.getpid()}.tmp"
@@ -357,7 +373,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part-mib", type=int, default=32)
     args = parser.parse_args(argv)
     try:
-        plan = load_plan(args.plan.read_text())
+        try:
+            plan = load_plan(args.plan.read_text())
+        except (KeyError, TypeError, ValueError) as err:
+            raise PipelineError(
+                f"{args.plan}: not a plan written by `doit plan_weights` ({type(err).__name__}:"
+                f" {err})"
+            ) from None
         if not 0 <= args.rank < len(plan.members):
             raise PipelineError(
                 f"--rank {args.rank}: expected 0..{len(plan.members) - 1} ({args.plan})"
