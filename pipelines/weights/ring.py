@@ -62,6 +62,17 @@ def part_size(path: Path) -> int:
         return 0
 
 
+def transfer_line(done: int, from_s3: int, from_peers: int, total: int, took: float) -> str:
+    """Bytes done of total, by source, the rate over the network and the ETA at that rate."""
+    rate = (from_s3 + from_peers) / took
+    left = max(total - done, 0) / rate if rate > 0 else None
+    return (
+        f"{human_bytes(done)} / {human_bytes(total)} ({100 * done / max(total, 1):.0f}%),"
+        f" {human_bytes(from_s3)} from S3, {human_bytes(from_peers)} from peers,"
+        f" {rate / 1e6:.0f} MB/s, ETA {eta(left)}"
+    )
+
+
 def entry_of(f: PlannedFile) -> LockEntry:
     """The lock entry of a planned file."""
     return LockEntry(name=f.name, size=f.size, sha256=f.sha256)
@@ -337,19 +348,14 @@ class Member:
             return
         self._printed = now
         took = max(now - self.started, 1e-9)
-        done = self.done
-        rate = (self.by_origin("s3") + self.by_origin("peers")) / took
-        left = (self.total - done) / rate if rate > 0 else None
-        ring_done = done + sum(s.get("done", 0) for s in self.statuses.values())
-        ring_total = self.total * len(self.plan.members)
-        ring_left = (ring_total - ring_done) / (ring_done / took) if ring_done else None
+        mine = (self.done, self.by_origin("s3"), self.by_origin("peers"))
+        ring = [
+            mine[i] + sum(s.get(key, 0) for s in self.statuses.values())
+            for i, key in enumerate(("done", "from_s3", "from_peers"))
+        ]
         self.say(
-            f"{human_bytes(done)} / {human_bytes(self.total)} ({100 * done / self.total:.0f}%),"
-            f" {human_bytes(self.by_origin('s3'))} from S3,"
-            f" {human_bytes(self.by_origin('peers'))} from peers,"
-            f" {rate / 1e6:.0f} MB/s, ETA {eta(left)}; ring {human_bytes(ring_done)} /"
-            f" {human_bytes(ring_total)} ({100 * ring_done / ring_total:.0f}%),"
-            f" ETA {eta(ring_left)}"
+            f"{transfer_line(*mine, self.total, took)};"
+            f" ring {transfer_line(*ring, self.total * len(self.plan.members), took)}"
         )
 
     def by_origin(self, origin: str) -> int:
