@@ -58,14 +58,6 @@ class PeerSource:
     def __init__(self, pool: urllib3.PoolManager, base: str, label: str, retries: int = RETRIES):
         self.pool, self.base, self.label, self.retries = pool, base.rstrip("/"), label, retries
 
-    def has(self, sha256: str) -> bool:
-        """True when the peer serves the blob now (a HEAD)."""
-        try:
-            response = self.pool.request("HEAD", f"{self.base}/sha256/{sha256}", retries=False)
-        except urllib3.exceptions.HTTPError:
-            return False
-        return response.status == 200
-
     def read(
         self,
         entry: LockEntry,
