@@ -12,6 +12,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +28,10 @@ from pipelines.profiles import ProfileError, parse_profile
 from pipelines.statcache import StatCache
 from pipelines.weights.blobs import BlobStore
 from pipelines.weights.blobserver import BlobServer
-from pipelines.weights.lock import Lock, load_lock
+from pipelines.weights.lock import Lock, LockEntry, load_lock
 from pipelines.weights.ringplan import S3, RingNode, describe_plan, load_plan, plan_json, plan_ring
 from pipelines.weights.s3 import S3Url
+from pipelines.weights.sources import NotServed, PeerSource
 from pipelines.weights.synthetic import SyntheticShape, upload_synthetic
 
 REPO = Path(__file__).resolve().parent.parent
@@ -229,6 +231,35 @@ def test_blob_server_serves_ranges_to_ring_addresses_and_refuses_everyone_else(t
         pid = server.process.pid
         server.stop()
     assert not Path(f"/proc/{pid}").exists()
+
+
+def test_a_peer_blob_of_another_size_is_not_served_to_the_fetch(tmp_path):
+    blobs, ring = tmp_path / "blobs", tmp_path / "ring"
+    blobs.mkdir()
+    data = os.urandom(50_000)
+    sha = hashlib.sha256(data).hexdigest()
+    (blobs / sha).write_bytes(data[:40_000])  # cut short on the peer's disk
+    server = BlobServer(blobs, ring, ("127.0.0.2",), ("127.0.0.3",), 18398).start()
+    try:
+        pool = urllib3.PoolManager(source_address=("127.0.0.3", 0))
+        peer = PeerSource(pool, "http://127.0.0.2:18398", "m1")
+        entry = LockEntry(name="f", size=len(data), sha256=sha)
+        view = memoryview(bytearray(1000))
+        with pytest.raises(NotServed) as err:  # any range of it: its size is not the lock's
+            peer.read(entry, 1000, view, threading.Event(), lambda n: None, None)
+        assert str(err.value) == (
+            "f from m1: HTTP 206 Content-Range 'bytes 1000-1999/40000', expected"
+            " 'bytes 1000-1999/50000'"
+        )
+        (blobs / sha).unlink()
+        (blobs / sha).write_bytes(data)
+        peer.read(entry, 1000, view, threading.Event(), lambda n: None, None)
+        assert bytes(view) == data[1000:2000]
+        entry_gone = LockEntry(name="g", size=10, sha256="1" * 64)
+        with pytest.raises(NotServed, match="g from m1: HTTP 404"):
+            peer.read(entry_gone, 0, memoryview(bytearray(10)), threading.Event(), print, None)
+    finally:
+        server.stop()
 
 
 # --- a ring of three network namespaces (devstack/ringnet.py) -----------------------------------
