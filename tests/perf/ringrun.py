@@ -5,13 +5,14 @@ processes in the members' namespaces, each reaching S3 over its own shaped uplin
 code, once. Run as a script it is the baseline a member is compared with: the whole lock from
 S3 with fetch_lock, every file sha256-verified as it streams, as `doit stage_weights` fetches.
 
-Run: python tests/perf/ringrun.py --lock LOCK.yaml --root WEIGHTS [--part-mib 4]
+Run: python tests/perf/ringrun.py --lock LOCK.yaml --root WEIGHTS [--part-mib 4] [--times F]
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -102,24 +103,32 @@ def start_fetch_all(
     root: Path,
     log: Path,
     part_mib: int = 4,
+    times: Path | None = None,
 ) -> subprocess.Popen:
     """This file as a script for member rank: the whole lock from S3, on its uplink alone."""
     argv = [sys.executable, str(Path(__file__).resolve()), "--lock", str(lock_file),
             "--root", str(root), "--part-mib", str(part_mib)]  # fmt: skip
+    argv += ["--times", str(times)] if times else []
     return start_in(net, rank, credentials, argv, log)
 
 
-def fetch_all(lock_file: Path, root: Path, part_mib: int) -> str:
-    """fetch_lock of the whole lock into a blob store at root; one line on what it did."""
+def fetch_all(lock_file: Path, root: Path, part_mib: int, times: Path | None = None) -> str:
+    """fetch_lock of the whole lock into a blob store at root; one line on what it did.
+
+    times, if given, gets {"start", "end"} of the fetch in time.monotonic() seconds: one clock
+    for every namespace, so the caller can tell this process's start-up from its fetch.
+    """
     lock = load_lock(lock_file)
     blobs = BlobStore(root, StatCache(root / "statcache.sqlite3"))
     start = time.monotonic()
     options = FetchOptions(part_size=part_mib << 20)
     report = fetch_lock(s3_client(), lock, blobs, options, progress_factory=NoProgress)
-    took = time.monotonic() - start
+    end = time.monotonic()
+    if times is not None:
+        times.write_text(json.dumps({"start": start, "end": end}))
     return (
         f"fetch_all: {len(report.fetched)} files, {report.downloaded / 1e6:.1f} MB from S3,"
-        f" sha256 verified, in {took:.2f} s"
+        f" sha256 verified, in {end - start:.2f} s"
     )
 
 
@@ -128,8 +137,9 @@ def main() -> int:
     parser.add_argument("--lock", type=Path, required=True)
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--part-mib", type=int, default=4)
+    parser.add_argument("--times", type=Path, help="write the fetch's start and end here")
     args = parser.parse_args()
-    print(fetch_all(args.lock, args.root, args.part_mib), flush=True)
+    print(fetch_all(args.lock, args.root, args.part_mib, args.times), flush=True)
     return 0
 
 
