@@ -11,7 +11,7 @@ from doit import get_var
 
 from pipelines.bench import Bench, BenchSettings
 from pipelines.cache import remote_cache
-from pipelines.deploy import Deploy, DeploySettings, KubeAccess
+from pipelines.deploy import Deploy, DeploySettings, KubeAccess, RingStaging
 from pipelines.deploy.records import who_ran
 from pipelines.errors import PipelineError
 from pipelines.fabric import Fabric, FabricSettings, fabric_refusal
@@ -26,6 +26,7 @@ from pipelines.weights import FetchOptions, Weights, WeightsSettings
 
 PROFILE_NAME = get_var("profile", "local")
 IMAGE_DIGEST = get_var("image_digest", "")
+STAGER_DIGEST = get_var("stager_digest", "")  # the weights-stager image CI pushed
 FABRIC_EXPECT = get_var("expect", "")  # `doit fabric expect=P2P>=200`: a hand-given expectation
 
 
@@ -72,6 +73,19 @@ try:
         WeightsSettings(SETTINGS.weights or ENGINE.store.area("weights"), fetch_options(SETTINGS)),
     )
     IMAGES = Images(PROFILE, ENGINE, ImageSettings(REGISTRY, DOCKER_HOST, SETTINGS.builder))
+    # A ring stages its weights member to member, in its own image (images/weights-stager).
+    STAGER = (
+        Images(
+            PROFILE,
+            ENGINE,
+            ImageSettings(REGISTRY, DOCKER_HOST, SETTINGS.builder),
+            image=PROFILE.staging.image,
+            prefix="stager_",
+            digest_var="stager_digest",
+        )
+        if len(PROFILE.members) > 1
+        else None
+    )
     RENDER = Render(
         PROFILE,
         ENGINE,
@@ -94,6 +108,18 @@ try:
                 git_revision,
                 KubeAccess(SETTINGS.kubeconfig, SETTINGS.kube_context, SETTINGS.kube_dry_run),
             ),
+            RingStaging(
+                lambda: STAGER.image_ref(STAGER_DIGEST),
+                WEIGHTS.outputs.ring_plan_json,
+                WEIGHTS.outputs.member_roots,
+                WEIGHTS.outputs.model_folder,
+                after=(
+                    *WEIGHTS.outputs.source_tasks,
+                    *(() if STAGER_DIGEST else ("stager_image",)),
+                ),
+            )
+            if STAGER
+            else None,
         )
         if RENDER.step
         else None
@@ -134,7 +160,11 @@ except PipelineError as err:
     sys.exit(f"error: {err}")
 
 # The table of contents: each stage yields its doit tasks, in the order a build runs them.
-STAGES = (PROFILE_CHECK, WEIGHTS, IMAGES) + ((RENDER, DEPLOY) if RENDER.step else ())
+STAGES = (
+    (PROFILE_CHECK, WEIGHTS, IMAGES)
+    + ((STAGER,) if STAGER else ())
+    + ((RENDER, DEPLOY) if RENDER.step else ())
+)
 STAGES += (FABRIC,) if FABRIC else ()
 STAGES += (BENCH,) if BENCH else ()
 
@@ -149,4 +179,5 @@ for _stage in STAGES:
 def task_build():
     """build everything the chosen profile deploys (profile=NAME, default local)"""
     deps = ["profile", "image", "stage_weights"] + (["render"] if RENDER.step else [])
+    deps += ["stager_image"] if STAGER and not STAGER_DIGEST else []
     return {"actions": None, "task_dep": deps}

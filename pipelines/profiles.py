@@ -61,6 +61,9 @@ class Member(Strict, kw_only=True):
     # Its address on the direct link to each neighbour (the ring's data plane), for staging
     # weights between peers; none: peers reach it at its management address.
     links: dict[Name, IPv4] = {}
+    # This node's weights folder (blobs and staged models), where it is not the profile's
+    # node_weights_root (another disk; or one host simulating several nodes).
+    weights_root: Annotated[str, Meta(pattern=r"^/\S*$")] | None = None
 
 
 class Fabric(Strict, kw_only=True):
@@ -184,6 +187,8 @@ class Staging(Strict, kw_only=True):
     port: Annotated[int, Meta(ge=1, le=65535)] = 8098
     # A file no peer has published after this long is fetched from S3 after all.
     peer_wait_s: Annotated[float, Meta(gt=0)] = 1800.0
+    # The image each member runs its staging in (images/<name>).
+    image: Name = "weights-stager"
 
 
 class Hygiene(Strict):

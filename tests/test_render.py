@@ -227,7 +227,7 @@ def test_rendering_twice_is_byte_identical_and_one_change_touches_only_its_docum
 
 def test_tp4_ring_gives_four_launch_plans_with_the_ring_env():
     profile = load_profile("tp4-ring")
-    plans = launch_plans(profile, SGLANG, "/var/lib/sparkforge/weights/models/x")
+    plans = launch_plans(profile, SGLANG, ["/var/lib/sparkforge/weights/models/x"] * 4)
     assert len(plans) == 4
     expected = {
         "NCCL_NET": "IB",

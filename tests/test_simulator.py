@@ -412,7 +412,8 @@ def test_rendered_launch_plan_sets_every_timing_field_the_server_reads() -> None
 
     profile = load_profile("local")
     sim = profile.simulator
-    env = simulator_plans(profile, "registry/local-sim@sha256:" + "a" * 64, "/w")[0].body["env"]
+    plans = simulator_plans(profile, "registry/local-sim@sha256:" + "a" * 64, ["/w"])
+    env = plans[0].body["env"]
     read = set(re.findall(r'env\.get\("(SIM_\w+)"', SERVER.read_text())) - {"SIM_HOST"}
     assert read - set(env) == set()
     assert env["SIM_MAX_RUNNING"] == str(sim.max_running_requests)

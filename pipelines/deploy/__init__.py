@@ -8,7 +8,7 @@ load on first use, so `doit list` does not import the backends.
 from importlib import import_module
 
 from pipelines.deploy.kubeapi import KubeAccess
-from pipelines.deploy.tasks import Deploy, DeploySettings
+from pipelines.deploy.tasks import Deploy, DeploySettings, RingStaging
 
 # name -> module under pipelines.deploy that defines it, imported when first asked for.
 LAZY = {
@@ -19,7 +19,7 @@ LAZY = {
     "Member": "plan",
 }
 
-__all__ = ["Deploy", "DeploySettings", "KubeAccess", *LAZY]
+__all__ = ["Deploy", "DeploySettings", "KubeAccess", "RingStaging", *LAZY]
 
 
 def __getattr__(name: str):

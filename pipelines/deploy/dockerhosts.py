@@ -133,7 +133,7 @@ class DockerHosts:
             needs = member_needs(plan, swap_off, min_free, lock_sha256, ring_only)
             try:
                 client = self.client(member)
-                self._pull(client, member, plan["image"])
+                self.pull(client, member, plan["image"])
                 output = client.containers.run(
                     plan["image"],
                     ["python3", "-c", preflight.SCRIPT, json.dumps(needs.args)],
@@ -154,7 +154,7 @@ class DockerHosts:
                 nccl[member.node] = nccl_sha
         return found + preflight.nccl_disagreements(nccl)
 
-    def _pull(self, client, member: Member, image: str) -> None:
+    def pull(self, client, member: Member, image: str) -> None:
         """Have the member's engine hold the image (pulled by digest when missing)."""
         import docker.errors
 
@@ -229,7 +229,7 @@ class DockerHosts:
 
         client = self.client(member)
         name = container_name(deployment.profile, member.rank)
-        current = self._find(client, name)
+        current = self.find(client, name)
         if (
             current is not None
             and current.labels.get(KEY_LABEL) == deployment.key
@@ -241,10 +241,10 @@ class DockerHosts:
         changes.append(change)
         labels = {KEY_LABEL: deployment.key, PROFILE_LABEL: deployment.profile}
         try:
-            self._pull(client, member, plan["image"])
+            self.pull(client, member, plan["image"])
             if current is not None:
                 aside = f"{name}-prev"
-                stale = self._find(client, aside)
+                stale = self.find(client, aside)
                 if stale is not None:
                     stale.remove(force=True)
                 # Renamed first, so that restore finds it whatever fails after.
@@ -273,7 +273,7 @@ class DockerHosts:
 
     def _gone(self, client, name: str) -> str | None:
         """Why the member's container is not running any more, with its last log lines."""
-        container = self._find(client, name)
+        container = self.find(client, name)
         if container is None:
             return f"container {name} is gone"
         if container.status in ("exited", "dead"):
@@ -288,11 +288,11 @@ class DockerHosts:
                 continue
             client = self.client(change.member)
             name = container_name(profile, change.member.rank)
-            started = self._find(client, name)
+            started = self.find(client, name)
             if started is not None and change.started:
                 started.remove(force=True)
             if change.kept:
-                kept = self._find(client, change.kept)
+                kept = self.find(client, change.kept)
                 if kept is not None:
                     kept.rename(name)
                     kept.start()
@@ -301,7 +301,7 @@ class DockerHosts:
         """Forget the previous containers once the new ones serve."""
         for change in changes:
             if change.kept:
-                kept = self._find(self.client(change.member), change.kept)
+                kept = self.find(self.client(change.member), change.kept)
                 if kept is not None:
                     kept.remove(force=True)
 
@@ -311,7 +311,7 @@ class DockerHosts:
         for member, _plan in deployment.members():
             name = container_name(deployment.profile, member.rank)
             try:
-                container = self._find(self.client(member), name)
+                container = self.find(self.client(member), name)
             except DeployError as err:
                 lines.append(str(err))
                 continue
@@ -335,7 +335,7 @@ class DockerHosts:
         self._tunnels.clear()
 
     @staticmethod
-    def _find(client, name: str):
+    def find(client, name: str):
         import docker.errors
 
         with contextlib.suppress(docker.errors.NotFound):

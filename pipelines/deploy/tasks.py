@@ -50,6 +50,18 @@ class DeploySettings:
     kube: KubeAccess = KubeAccess()  # how the Kubernetes backend reaches its API server
 
 
+@dataclass(frozen=True)
+class RingStaging:
+    """What staging needs from other stages: the stager image, the plan, where members keep
+    their weights (published by the weights and images stages, asked for when it runs)."""
+
+    image: Callable[[], str]  # the weights-stager image, pinned by digest
+    plan: Callable[[], str]  # the ring plan, as `doit plan_weights` writes it
+    roots: Callable[[], list[str]]  # each member's weights folder, by rank
+    model_folder: Callable[[], str]  # the staged model's folder under a root: models/<key>
+    after: tuple[str, ...] = ()  # the tasks that build the image
+
+
 class Deploy:
     """Deploys one profile's rendered plans; publishes nothing (it is the last stage)."""
 
@@ -63,8 +75,10 @@ class Deploy:
         tags: Tags,
         lock_file,
         settings: DeploySettings,
+        ring_staging: RingStaging | None = None,
     ):
         self.profile = profile
+        self.ring_staging = ring_staging  # Docker-host rings: `doit stage_ring`
         self.engine = engine
         self.render = render
         self.tags = tags
@@ -229,6 +243,31 @@ class Deploy:
         same = "matches" if now == deployment.key else f"differs (would deploy {now[:16]})"
         print(f"  doit build now: {same}")
 
+    def stage_ring(self) -> None:
+        """Stage the weights on every member of a Docker-host ring: one container per host,
+        each member's share from S3, the rest from its peers, every file verified."""
+        import os
+
+        from pipelines.deploy.plan import Member
+        from pipelines.deploy.ringstage import Stagers, s3_environment
+
+        staging = self.ring_staging
+        assert staging is not None
+        env = s3_environment(os.environ)
+        image, plan = staging.image(), staging.plan()
+        members = [
+            Member(rank, m.node, url)
+            for rank, (m, url) in enumerate(
+                zip(self.profile.members, self.backend.engines(), strict=True)
+            )
+        ]
+        started = time.monotonic()
+        Stagers(self.backend, self.profile.name).run(
+            members, image, plan, staging.roots(), staging.model_folder(), env
+        )
+        took = time.monotonic() - started
+        print(f"stage_ring: {len(members)} members staged and verified in {took:.1f} s")
+
     def _backend_built(self, work):
         """work, or one line saying this profile's backend does not exist yet."""
 
@@ -253,6 +292,14 @@ class Deploy:
             self._backend_built(self.deploy),
             deps=["build"],
         )
+        if self.ring_staging and self.profile.deploy == "docker":
+            yield side_task(
+                "stage_ring",
+                "stage the weights on every member host: each file from S3 once, the rest"
+                " from peers (weights-stager containers)",
+                self._backend_built(self.stage_ring),
+                deps=list(self.ring_staging.after),
+            )
         yield side_task(
             "rollback",
             "restore the previous deployment and :stable-prev",

@@ -13,7 +13,7 @@ from pathlib import Path
 from pipelines.images.context import context_tar
 from pipelines.images.dockerfile import check_contents, check_froms
 from pipelines.images.inputs import (
-    EXTRA_CONTEXT,
+    context_extra,
     image_build_args,
     image_platform,
     image_repository,
@@ -39,6 +39,8 @@ class BuildPlan:
     key: str
     context: Path
     material: dict = field(repr=False, default_factory=dict)
+    extra: dict[str, Path] = field(default_factory=dict)  # context name -> file, beside context
+    wheels: tuple[Path, str] | None = None  # (requirements file, Python version) to download
 
     def args_with_key(self) -> dict[str, str]:
         """Build args as passed to the builder: the plan's, plus the key for the receipt."""
@@ -87,7 +89,19 @@ def plan_image(
         key=key,
         context=image.path,
         material=material,
+        extra=context_extra(image),
+        wheels=(image.path / spec.wheels.requirements, spec.wheels.python) if spec.wheels else None,
     )
+
+
+def full_context(plan: BuildPlan, scratch: Path) -> dict[str, Path]:
+    """The plan's extra context files, plus its wheels downloaded into scratch."""
+    if plan.wheels is None:
+        return plan.extra
+    from pipelines.images.wheels import download_wheels
+
+    requirements, python = plan.wheels
+    return {**plan.extra, **download_wheels(requirements, plan.platform, python, scratch)}
 
 
 def engine_build(client, plan: BuildPlan, saved: Path) -> None:
@@ -101,8 +115,10 @@ def engine_build(client, plan: BuildPlan, saved: Path) -> None:
     step = "(before the first step)"
     kwargs = {} if plan.platform == native_platform() else {"platform": plan.platform}
     try:
+        with tempfile.TemporaryDirectory(dir=saved.parent, prefix="wheels-") as scratch:
+            context = context_tar(plan.context, plan.epoch, full_context(plan, Path(scratch)))
         stream = client.api.build(
-            fileobj=context_tar(plan.context, plan.epoch, EXTRA_CONTEXT),
+            fileobj=context,
             custom_context=True,
             tag=tag,
             buildargs=plan.args_with_key(),
@@ -139,11 +155,13 @@ def buildx_available() -> bool:
 
 def buildx_build(client, plan: BuildPlan, saved: Path) -> None:
     """Build with buildx from the normalized context (SOURCE_DATE_EPOCH, rewritten timestamps)."""
-    with tempfile.TemporaryDirectory(dir=saved.parent, prefix="context-") as context:
-        with tarfile.open(fileobj=context_tar(plan.context, plan.epoch, EXTRA_CONTEXT)) as tar:
+    with tempfile.TemporaryDirectory(dir=saved.parent, prefix="context-") as tmp:
+        context = Path(tmp) / "context"
+        extra = full_context(plan, Path(tmp) / "wheels")
+        with tarfile.open(fileobj=context_tar(plan.context, plan.epoch, extra)) as tar:
             tar.extractall(context, filter="data")
         result = subprocess.run(
-            buildx_command(plan, Path(context), str(saved)),
+            buildx_command(plan, context, str(saved)),
             env={**os.environ, "SOURCE_DATE_EPOCH": str(plan.epoch)},
             capture_output=True,
             text=True,

@@ -51,9 +51,16 @@ def image_params(image: ImageDir) -> dict:
     }
 
 
+def context_extra(image: ImageDir) -> dict[str, Path]:
+    """Context name -> file, besides the image folder: the receipt writer and the project files
+    the image names (the wheels enter the key through their hashed requirements file)."""
+    return {**EXTRA_CONTEXT, **{rel: REPO_ROOT / rel for rel in image.spec.project_files}}
+
+
 def image_inputs(image: ImageDir) -> dict[str, Path | BuildContext]:
     """The files an image is built from: its Dockerfile and its context (receipt included)."""
-    return {"dockerfile": image.dockerfile, "context": BuildContext(image.path, EXTRA_CONTEXT)}
+    context = BuildContext(image.path, context_extra(image))
+    return {"dockerfile": image.dockerfile, "context": context}
 
 
 def image_repository(name: str, namespace: str = "") -> str:
@@ -92,5 +99,3 @@ def base_params(spec: LocalBase, arch: str) -> dict:
 def base_repository(spec: LocalBase) -> str:
     """The registry repository of a local base."""
     return f"sparkforge/base-{spec.suite}"
-
-

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from msgspec import Meta, field
 
 from pipelines.errors import PipelineError
-from pipelines.paths import IMAGES_DIR
+from pipelines.paths import IMAGES_DIR, REPO_ROOT
 from pipelines.schema import Strict, load_yaml_model
 
 PINNED = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
@@ -58,6 +58,13 @@ class Checks(Strict, kw_only=True):
     nccl: Literal["none", "pip", "sparkring-overlay"] = "none"
 
 
+class Wheels(Strict, kw_only=True):
+    """Python packages as locked wheels: a requirements file with hashes, for one Python."""
+
+    requirements: str  # in the image folder
+    python: Annotated[str, Meta(pattern=r"^3\.[0-9]+$")]
+
+
 class ImageSpec(Strict, kw_only=True):
     """One image: name, platform, base, build args, pinned upstreams and checks."""
 
@@ -69,6 +76,8 @@ class ImageSpec(Strict, kw_only=True):
     upstream: dict[str, Upstream] = {}
     source_date_epoch: Annotated[int, Meta(ge=0)]
     checks: Checks = field(default_factory=Checks)
+    project_files: list[str] = []  # the repository's files the context carries, same paths
+    wheels: Wheels | None = None  # downloaded into the context's wheels/ at build time
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,17 @@ def load_image(name: str, folder: Path = IMAGES_DIR) -> ImageDir:
     if spec.name != name:
         raise ImageError(
             f"{path / 'image.yaml'}: field 'name': expected {name!r}, got {spec.name!r}"
+        )
+    for index, rel in enumerate(spec.project_files):
+        if not (REPO_ROOT / rel).is_file():
+            raise ImageError(
+                f"{path / 'image.yaml'}: field 'project_files[{index}]': {rel!r} is not a file"
+                " of the repository"
+            )
+    if spec.wheels and not (path / spec.wheels.requirements).is_file():
+        raise ImageError(
+            f"{path / 'image.yaml'}: field 'wheels.requirements': no file"
+            f" {spec.wheels.requirements!r} in {path}"
         )
     return ImageDir(path, spec)
 

@@ -38,10 +38,24 @@ class Images:
 
     name = "images"
 
-    def __init__(self, profile: Profile, engine: Engine, settings: ImageSettings):
+    def __init__(
+        self,
+        profile: Profile,
+        engine: Engine,
+        settings: ImageSettings,
+        image: str | None = None,
+        prefix: str = "",
+        digest_var: str = "image_digest",
+    ):
+        # image: another image than the profile's runtime (the ring's weights-stager), whose
+        # tasks are named with prefix so that both images live in one task graph.
         self.profile = profile
         self.engine = engine
         self.settings = settings
+        self.image_name = image or profile.image
+        self.prefix = prefix
+        self.name = f"{prefix}images"  # the stage's name in the task table
+        self.digest_var = digest_var  # the doit variable that passes a digest CI pushed
         host, _, namespace = settings.registry.partition("/")
         self.registry = Registry(host)
         self.namespace = namespace
@@ -50,8 +64,8 @@ class Images:
 
     @cached_property
     def image(self) -> ImageDir:
-        """The profile's image folder, validated."""
-        return load_image(self.profile.image)
+        """The image folder, validated."""
+        return load_image(self.image_name)
 
     # --- base ------------------------------------------------------------------------------
 
@@ -70,7 +84,7 @@ class Images:
             save_image_index(image, run.out)
 
         return Step(
-            name="image_base",
+            name=f"{self.prefix}image_base",
             recipe="debootstrap-base",
             version=BASE_RECIPE_VERSION,
             doc="debootstrap the local Debian base and push it under its key",
@@ -90,7 +104,7 @@ class Images:
         digest = self.registry.manifest_digest(repository, tag)
         if digest is None:
             raise PipelineError(
-                f"local base {repository}:{tag} is not built yet: run `doit image_base`"
+                f"local base {repository}:{tag} is not built yet: run `doit {step.name}`"
             )
         return f"{self.registry.host}/{repository}@{digest}"
 
@@ -103,16 +117,16 @@ class Images:
 
         repository = image_repository(self.image.spec.name, self.namespace)
         return Step(
-            name="image",
+            name=f"{self.prefix}image",
             recipe="image",
             version=NORMALIZER_VERSION,
-            doc="build the profile's runtime image once per input key, push it by digest",
+            doc=f"build the {self.image_name} image once per input key, push it by digest",
             action=self._build,
             params=lambda: image_params(self.image),
             inputs=image_inputs(self.image),
             pins=lambda: {"base": self.base_ref().rsplit("@", 1)[1]},
             cache=RegistryCache(self.registry, repository, candidate_tags),
-            after=("image_base",) if self.base_step else (),
+            after=(self.base_step.name,) if self.base_step else (),
         )
 
     def plan(self) -> BuildPlan:
@@ -163,14 +177,14 @@ class Images:
         repo = f"{self.registry.host}/{repository}"
         if digest:
             if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
-                raise PipelineError(f"image_digest={digest!r}: expected sha256:<64 hex>")
+                raise PipelineError(f"{self.digest_var}={digest!r}: expected sha256:<64 hex>")
             return f"{repo}@{digest}"
         key = self.engine.key(self.image_step)
         found = self.registry.manifest_digest(repository, RegistryCache.key_tag(key))
         if found is None:
             raise PipelineError(
-                f"no image in {repo} for key {key[:16]}: build it (`doit image`) or pass"
-                " image_digest=sha256:... (the digest CI pushed)"
+                f"no image in {repo} for key {key[:16]}: build it (`doit {self.image_step.name}`)"
+                f" or pass {self.digest_var}=sha256:... (the digest CI pushed)"
             )
         return f"{repo}@{found}"
 
@@ -198,8 +212,6 @@ class Images:
 
     def print_plan(self) -> None:
         """Print what building the image means: key, base, args, the exact invocation."""
-        from pipelines.images.inputs import EXTRA_CONTEXT
-
         plan = self.plan()
         print(
             json.dumps(
@@ -214,7 +226,8 @@ class Images:
                     "invocation": plan.invocation(),
                     "CONTEXT": {
                         "folder": str(plan.context),
-                        "extra": {k: str(v) for k, v in EXTRA_CONTEXT.items()},
+                        "extra": {k: str(v) for k, v in plan.extra.items()},
+                        "wheels": str(plan.wheels[0]) if plan.wheels else None,
                         "normalized": "sorted, mtime SOURCE_DATE_EPOCH, owner 0, mode 644/755",
                     },
                     "key_material": plan.material,
@@ -233,7 +246,7 @@ class Images:
         tasks.append(self.engine.task(self.image_step))
         tasks.append(
             side_task(
-                "plan",
+                f"{self.prefix}plan",
                 "print the image's key, base, build args and exact build invocation",
                 self.print_plan,
                 deps=list(self.image_step.after),

@@ -86,13 +86,14 @@ def sglang_command(profile: Profile, rank: int) -> list[str]:
     return command
 
 
-def launch_plans(profile: Profile, image: str, weights_path: str) -> list[Document]:
-    """One launch plan per node: image by digest, env, mounts (NCCL overlay, weights), command."""
+def launch_plans(profile: Profile, image: str, folders: list[str]) -> list[Document]:
+    """One launch plan per node: image by digest, env, mounts (NCCL overlay, its staged model
+    folder), command."""
     overlay = profile.sglang.nccl_overlay
     plans = []
     for rank, member in enumerate(profile.members):
         mounts: list[dict[str, Any]] = [
-            {"source": weights_path, "target": "/models", "read_only": True},
+            {"source": folders[rank], "target": "/models", "read_only": True},
         ]
         if overlay:
             # Bind-mounted over the image's own pip NCCL: one NCCL runtime, never two on a path.
@@ -117,12 +118,13 @@ def launch_plans(profile: Profile, image: str, weights_path: str) -> list[Docume
     return plans
 
 
-def staged_folder(model: RenderInputs) -> str:
-    """The staged model folder on every member."""
-    return f"{model.weights_root}/models/{cache_key(model.lock.source)}"
+def staged_folders(profile: Profile, model: RenderInputs) -> list[str]:
+    """Each member's staged model folder: under its own weights root, else the profile's."""
+    key = cache_key(model.lock.source)
+    return [f"{m.weights_root or model.weights_root}/models/{key}" for m in profile.members]
 
 
-def simulator_plans(profile: Profile, image: str, weights_path: str) -> list[Document]:
+def simulator_plans(profile: Profile, image: str, folders: list[str]) -> list[Document]:
     """One launch plan per member of the simulated runtime: the image's own command, SIM_* env.
 
     Member r listens on port + r: the local stack's engines share this machine's network.
@@ -153,7 +155,7 @@ def simulator_plans(profile: Profile, image: str, weights_path: str) -> list[Doc
                 "env": dict(
                     sorted({**env, "SIM_PORT": str(sim.port + rank), **profile.env}.items())
                 ),
-                "mounts": [{"source": weights_path, "target": "/models", "read_only": True}],
+                "mounts": [{"source": folders[rank], "target": "/models", "read_only": True}],
             },
         )
         for rank, member in enumerate(profile.members)
@@ -170,9 +172,10 @@ def checked(docs: list[Document], secrets: list[str]) -> list[Document]:
 
 def render_simulated(profile: Profile, model: RenderInputs, secrets: list[str]) -> list[Document]:
     """The simulated runtime's launch plans, checked like a ring's."""
-    return checked(simulator_plans(profile, model.image, staged_folder(model)), secrets)
+    folders = staged_folders(profile, model)
+    return checked(simulator_plans(profile, model.image, folders), secrets)
 
 
 def render(profile: Profile, model: RenderInputs, secrets: list[str]) -> list[Document]:
     """The SGLang launch plans of a profile, checked."""
-    return checked(launch_plans(profile, model.image, staged_folder(model)), secrets)
+    return checked(launch_plans(profile, model.image, staged_folders(profile, model)), secrets)

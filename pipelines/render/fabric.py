@@ -110,7 +110,7 @@ def fabric_jobs(profile: Profile, image: str, probe_source: str) -> list[Documen
 def fabric_plans(profile: Profile, image: str, probe_source: str) -> list[Document]:
     """One launch plan per host for a Docker ring: the member's own plan, running the probe."""
     plans = []
-    for doc in dockerhosts.launch_plans(profile, image, "/nonexistent"):
+    for doc in dockerhosts.launch_plans(profile, image, ["/nonexistent"] * len(profile.members)):
         plan = dict(doc.body)
         rank = plan["rank"]
         # Everything the server's plan has but the model: same image, env, overlay, devices.

@@ -367,6 +367,14 @@ class Member:
         print(f"stage_ring {self.me.node}: {text}", file=self.stream, flush=True)
 
 
+def stage_model(folder: Path, plan: RingPlan, blobs: BlobStore) -> None:
+    """Link the model folder to the verified blobs and say which lock it now holds."""
+    from pipelines.weights.stage import record_staged, stage
+
+    stage(folder, {f.name: f.sha256 for f in plan.files}, blobs)
+    record_staged(folder, plan.lock_sha256)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The member's command line; one line and exit 1 on failure."""
     parser = argparse.ArgumentParser(prog="python -m pipelines.weights.ring", description=__doc__)
@@ -377,6 +385,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-wait-s", type=float, help="default: the plan's (the profile's)")
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between lines")
     parser.add_argument("--part-mib", type=int, default=32)
+    parser.add_argument(
+        "--stage-into",
+        type=Path,
+        help="once complete, make this folder the model (hard links to the blobs) and record"
+        " the plan's lock beside it, as `doit stage` does",
+    )
     args = parser.parse_args(argv)
     try:
         try:
@@ -406,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
                 interval=args.interval,
             )
             report = member.run()
+        if args.stage_into:
+            stage_model(args.stage_into, plan, blobs)
+            member.say(f"staged {args.stage_into} ({len(plan.files)} files)")
     except (PipelineError, OSError) as err:
         print(f"stage_ring: {err}", file=sys.stderr)
         return 1

@@ -49,6 +49,26 @@ class ModelOutputs:
         profile = self.weights.profile
         return str(self.weights.settings.root) if profile.local_stack else profile.node_weights_root
 
+    @property
+    def source_tasks(self) -> tuple[str, ...]:
+        """The tasks that put the model into its bucket (the local stack's synthetic model)."""
+        return ("synthetic_model",) if self.weights.profile.model.lock == SYNTHETIC_LOCK else ()
+
+    def member_roots(self) -> list[str]:
+        """Each member's weights folder, by rank: its own where the profile names one."""
+        root = self.node_weights_root
+        return [m.weights_root or root for m in self.weights.profile.members]
+
+    def model_folder(self) -> str:
+        """The staged model's folder under a weights root (models/<cacheKey>)."""
+        return f"models/{cache_key(self.weights.profile.model.source)}"
+
+    def ring_plan_json(self) -> str:
+        """The ring's staging plan (`doit plan_weights`), as its members read it."""
+        from pipelines.weights.ringplan import plan_json
+
+        return plan_json(self.weights.ring_plan())
+
     def read_lock(self) -> Lock:
         """The profile's lock, checked against the profile's source."""
         return self.weights.read_lock()

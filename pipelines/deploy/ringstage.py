@@ -1,0 +1,184 @@
+"""Ring staging on Docker hosts: a weights-stager container per member host, all at once.
+
+Each container runs one member of the ring plan (`python -m pipelines.weights.ring`) on the
+host's network, with the host's weights folder mounted at its own path: it serves its verified
+blobs to its peers, fetches its share from S3 and the rest from them, then links the model
+folder the runtime mounts and records the lock it holds. The plan goes into each container
+before it starts; the S3 credentials go in its environment, never into a file or a line here.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pipelines.deploy.health import DeployError
+from pipelines.deploy.plan import Member
+
+PLAN_PARENT, PLAN_DIR = "/etc", "sparkforge"  # the plan is /etc/sparkforge/ring-plan.json
+PLAN_FILE = "ring-plan.json"
+# The S3 settings a member needs, passed from this process's environment when set.
+S3_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+)
+LOG_TAIL = 5
+
+
+def stager_name(profile: str, rank: int) -> str:
+    """The member's staging container: one per profile and rank on its host."""
+    return f"sparkforge-{profile}-stage-{rank}"
+
+
+def stager_command(rank: int, root: str, model_folder: str, interval: float) -> list[str]:
+    """The member's arguments to the image's entrypoint (python -m pipelines.weights.ring)."""
+    return [
+        "--plan",
+        f"{PLAN_PARENT}/{PLAN_DIR}/{PLAN_FILE}",
+        "--rank",
+        str(rank),
+        "--root",
+        root,
+        "--stage-into",
+        f"{root}/{model_folder}",
+        "--interval",
+        str(interval),
+    ]
+
+
+def s3_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The S3 settings to hand a member; refused without keys (a profile is not a credential)."""
+    env = {name: environ[name] for name in S3_ENV if environ.get(name)}
+    if "AWS_ACCESS_KEY_ID" not in env or "AWS_SECRET_ACCESS_KEY" not in env:
+        raise DeployError(
+            "stage_ring: no S3 credentials in the environment: set AWS_ACCESS_KEY_ID and"
+            " AWS_SECRET_ACCESS_KEY (the members get them in their environment)"
+        )
+    return env
+
+
+def plan_archive(plan_json: str) -> bytes:
+    """A tar holding the plan file, as `put_archive` takes it."""
+    data = plan_json.encode()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo(f"{PLAN_DIR}/{PLAN_FILE}")
+        info.size, info.mode = len(data), 0o644
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+class Stagers:
+    """The staging containers of one ring: created, started, followed, then removed."""
+
+    def __init__(self, hosts: Any, profile: str, say: Callable[[str], None] = print):
+        self.hosts = hosts  # the DockerHosts backend: a client per member engine, pulls
+        self.profile = profile
+        self.say = say
+        self.started: list[tuple[Member, Any]] = []
+
+    def run(
+        self,
+        members: list[Member],
+        image: str,
+        plan_json: str,
+        roots: list[str],
+        model_folder: str,
+        env: dict[str, str],
+        interval: float = 10.0,
+    ) -> None:
+        """Stage every member at once; one line per member that failed, with its log's tail."""
+        import docker.errors
+        from docker.types import Mount
+
+        try:
+            for member in members:
+                client = self.hosts.client(member)
+                self.hosts.pull(client, member, image)
+                name = stager_name(self.profile, member.rank)
+                old = self.hosts.find(client, name)
+                if old is not None:
+                    old.remove(force=True)
+                root = roots[member.rank]
+                try:
+                    container = client.containers.create(
+                        image,
+                        stager_command(member.rank, root, model_folder, interval),
+                        name=name,
+                        network_mode="host",
+                        environment=env,
+                        mounts=[Mount(root, root, type="bind")],
+                        labels={"dev.sparkforge.profile": self.profile},
+                    )
+                    self.started.append((member, container))
+                    container.put_archive(PLAN_PARENT, plan_archive(plan_json))
+                except docker.errors.DockerException as err:
+                    raise DeployError(f"member {member.node}: {member.docker}: {err}") from None
+            for _, container in self.started:
+                container.start()
+            self.say(f"stage_ring: {len(self.started)} members staging ({image})")
+            failed = self.follow()
+            if failed:
+                raise DeployError("\n".join(failed))
+        finally:
+            self.remove()
+
+    def follow(self) -> list[str]:
+        """Print every member's lines as they come; wait for all; the failures, one line each."""
+        tails: dict[int, list[str]] = {}
+        threads = []
+        for member, container in self.started:
+            tail = tails.setdefault(member.rank, [])
+            thread = threading.Thread(
+                target=self._print_logs, args=(member, container, tail), daemon=True
+            )
+            thread.start()
+            threads.append(thread)
+        failed = []
+        for (member, container), thread in zip(self.started, threads, strict=True):
+            code = container.wait()["StatusCode"]
+            thread.join(timeout=5)
+            if code != 0:
+                last = " | ".join(tails[member.rank][-LOG_TAIL:])
+                failed.append(f"member {member.node}: staging exited {code}: {last}")
+        return failed
+
+    def _print_logs(self, member: Member, container: Any, tail: list[str]) -> None:
+        """Copy one member's output here, line by line, each naming the member."""
+        pending = b""
+        for chunk in container.logs(stream=True, follow=True):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                self._say_line(member, line, tail)
+        if pending.strip():
+            self._say_line(member, pending, tail)
+
+    def _say_line(self, member: Member, line: bytes, tail: list[str]) -> None:
+        """One line of a member: as it is when it names the member, else behind its node."""
+        text = line.decode(errors="replace").rstrip()
+        tail.append(text)
+        self.say(
+            text if text.startswith(f"stage_ring {member.node}:") else f"{member.node}: {text}"
+        )
+
+    def remove(self) -> None:
+        """Remove the containers (their output is already printed); a killed run too."""
+        import docker.errors
+
+        for member, container in self.started:
+            try:
+                container.remove(force=True)
+            except docker.errors.DockerException as err:
+                self.say(
+                    f"stage_ring: member {member.node}: could not remove {container.name}: {err}"
+                )
+        self.started = []
