@@ -1,0 +1,138 @@
+"""The weights-stager image's inputs: the member's modules and wheels it carries, checked
+against the code and the lock they come from (the image itself runs in test_deploy's ring)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines.images.spec import ImageError, load_image
+from pipelines.images.wheels import download_command, download_wheels
+from pipelines.paths import IMAGES_DIR, REPO_ROOT
+
+STAGER = "weights-stager"
+PIN = re.compile(r"^([A-Za-z0-9_.-]+)==(\S+)")
+
+
+def pins_with_hashes(text: str) -> dict[str, tuple[str, frozenset[str]]]:
+    """name -> (version, hashes) of a pip-compile style requirements text."""
+    found: dict[str, tuple[str, frozenset[str]]] = {}
+    name = None
+    for line in text.splitlines():
+        match = PIN.match(line)
+        if match:
+            name = match.group(1).lower()
+            found[name] = (match.group(2), frozenset())
+        elif name and "--hash=sha256:" in line:
+            version, hashes = found[name]
+            found[name] = (version, hashes | {line.split("--hash=sha256:")[1].strip(" \\")})
+    return found
+
+
+def member_closure() -> set[str]:
+    """The project files `python -m pipelines.weights.ring` imports, asked of a fresh Python."""
+    code = (
+        "import json, sys, pipelines.weights.ring;"
+        "print(json.dumps(sorted(m.__file__ for n, m in sys.modules.items()"
+        " if n.split('.')[0] == 'pipelines' and getattr(m, '__file__', None))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", code], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    return {str(Path(f).relative_to(REPO_ROOT)) for f in json.loads(out.stdout)}
+
+
+def test_the_image_carries_exactly_the_members_import_closure_and_what_it_stages_with():
+    image = load_image(STAGER)
+    closure = member_closure()
+    # stage.py is imported only once the member is complete (--stage-into).
+    assert set(image.spec.project_files) == closure | {"pipelines/weights/stage.py"}
+    assert "pipelines/weights/tasks.py" not in closure  # no doit in the member
+
+
+def test_the_images_wheels_are_requirements_lock_pins_and_hashes():
+    image = load_image(STAGER)
+    wanted = pins_with_hashes((image.path / image.spec.wheels.requirements).read_text())
+    locked = pins_with_hashes((REPO_ROOT / "requirements.lock").read_text())
+    assert {"boto3", "urllib3", "msgspec", "pyyaml", "rich"} <= set(wanted)
+    for name, (version, hashes) in wanted.items():
+        assert locked[name] == (version, hashes), name
+
+
+def test_every_third_party_module_the_member_imports_has_its_wheel():
+    image = load_image(STAGER)
+    wanted = set(pins_with_hashes((image.path / image.spec.wheels.requirements).read_text()))
+    code = (
+        "import sys, pipelines.weights.ring;"
+        "print('\\n'.join(sorted({n.split('.')[0] for n, m in sys.modules.items()"
+        " if getattr(m, '__file__', None)})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", code], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    top = set(out.stdout.split())
+    outside = {
+        name
+        for name in top - set(sys.stdlib_module_names) - {"pipelines"}
+        if not name.startswith("_")
+    }
+    # Import names -> distribution names where they differ.
+    dist = {
+        "yaml": "pyyaml",
+        "dateutil": "python-dateutil",
+        "typing_extensions": "typing-extensions",
+    }
+    assert {dist.get(n, n) for n in outside} <= wanted, outside
+
+
+def test_wheels_are_downloaded_for_the_images_platform_only_with_hashes():
+    command = download_command(Path("r.txt"), "linux/arm64", "3.11", Path("d"))
+    assert "--require-hashes" in command and "--only-binary=:all:" in command
+    assert "--no-deps" in command
+    assert command[command.index("--python-version") + 1] == "3.11"
+    assert "manylinux_2_17_aarch64" in command and not any("x86_64" in c for c in command)
+    with pytest.raises(ImageError, match="wheels for linux/riscv64: expected one of"):
+        download_command(Path("r.txt"), "linux/riscv64", "3.11", Path("d"))
+
+
+def test_a_wheel_whose_hash_differs_is_refused_naming_the_requirements_file(tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("six==1.17.0 --hash=sha256:" + "0" * 64 + "\n")
+    with pytest.raises(ImageError, match=r"requirements.txt: pip download for linux/amd64 failed"):
+        download_wheels(requirements, "linux/amd64", "3.11", tmp_path / "wheels")
+    assert list((tmp_path / "wheels").glob("*.whl")) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda spec: spec["project_files"].append("pipelines/weights/nothing.py"),
+            r"field 'project_files\[22\]': 'pipelines/weights/nothing.py' is not a file",
+        ),
+        (
+            lambda spec: spec["wheels"].update(requirements="missing.txt"),
+            r"field 'wheels.requirements': no file 'missing.txt'",
+        ),
+        (
+            lambda spec: spec["wheels"].update(python="3"),
+            r"wheels.python",
+        ),
+    ],
+)
+def test_a_bad_image_yaml_is_one_line_naming_the_field(tmp_path, change, message):
+    folder = tmp_path / STAGER
+    shutil.copytree(IMAGES_DIR / STAGER, folder)
+    spec = yaml.safe_load((folder / "image.yaml").read_text())
+    change(spec)
+    (folder / "image.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(ImageError, match=message):
+        load_image(STAGER, folder=tmp_path)
