@@ -73,6 +73,7 @@ try:
         WeightsSettings(SETTINGS.weights or ENGINE.store.area("weights"), fetch_options(SETTINGS)),
     )
     IMAGES = Images(PROFILE, ENGINE, ImageSettings(REGISTRY, DOCKER_HOST, SETTINGS.builder))
+    KUBERNETES = PROFILE.deploy == "kubernetes"
     # A ring stages its weights member to member, in its own image (images/weights-stager).
     STAGER = (
         Images(
@@ -82,17 +83,22 @@ try:
             image=PROFILE.staging.image,
             prefix="stager_",
             digest_var="stager_digest",
+            platform=IMAGES.platform,  # the ring's: the runtime image's platform
         )
         if len(PROFILE.members) > 1
         else None
     )
+    # A Kubernetes ring stages in Jobs once its lock is complete (the plan needs every hash).
+    K8S_STAGING = bool(STAGER) and KUBERNETES and WEIGHTS.outputs.is_locked()
     RENDER = Render(
         PROFILE,
         ENGINE,
         WEIGHTS.outputs,
         lambda: IMAGES.image_ref(IMAGE_DIGEST),
         list(SETTINGS.secrets),
-        after=() if IMAGE_DIGEST else ("image",),
+        after=(() if IMAGE_DIGEST else ("image",))
+        + (("stager_image",) if K8S_STAGING and not STAGER_DIGEST else ()),
+        stager_image=(lambda: STAGER.image_ref(STAGER_DIGEST)) if K8S_STAGING else None,
     )
     DEPLOY = (
         Deploy(

@@ -406,3 +406,98 @@ def test_an_unreachable_api_server_is_one_line_naming_its_url(world):
         f"kubernetes API {world.server.url} unreachable (MaxRetryError) on GET /api/v1;"
         f" expected an API server there (kubeconfig {world.kubeconfig})"
     ]
+
+
+# --- ring staging Jobs ------------------------------------------------------------------------
+
+STAGER = "ghcr.io/lab/sparkforge/weights-stager@sha256:" + "e" * 64
+
+
+def staged_tp3_documents(folder: Path) -> Path:
+    """tp3-ring rendered with a complete lock and the stager image, written as render writes."""
+    import hashlib
+
+    from pipelines.paths import PATCH_SOURCE
+    from pipelines.render.documents import RenderInputs, write_documents
+    from pipelines.render.kubernetes import render
+    from pipelines.weights.lock import LockEntry, load_lock, lock_path
+    from pipelines.weights.ringplan import RingNode, plan_json, plan_ring
+
+    profile = load_profile("tp3-ring")
+    lock = load_lock(lock_path(profile.model.lock))
+    files = [
+        LockEntry(name=e.name, size=1000 + i, sha256=hashlib.sha256(e.name.encode()).hexdigest())
+        for i, e in enumerate(lock.files)
+    ]
+    lock = type(lock)(model=lock.model, source=lock.source, files=files)
+    nodes = [RingNode(m.node, m.address, dict(m.links)) for m in profile.members]
+    plan = plan_ring(
+        lock.model,
+        lock.source,
+        "f" * 64,
+        [(e.name, e.size, e.sha256) for e in files],
+        nodes,
+        profile.staging.port,
+        profile.staging.peer_wait_s,
+    )
+    inputs = RenderInputs(lock, IMAGE_A, PATCH_SOURCE.read_text(), "", STAGER, plan_json(plan))
+    folder.mkdir(parents=True)
+    write_documents(render(profile, inputs, [SECRET]), folder)
+    return folder
+
+
+def test_ring_staging_jobs_run_on_every_member_before_the_model(world, tmp_path):
+    from pipelines.deploy.kubernetes import Kubernetes
+
+    folder = staged_tp3_documents(tmp_path / "render")
+    profile = load_profile("tp3-ring")
+    access = KubeAccess(str(world.kubeconfig), poll_s=0.001)
+    backend = Kubernetes(profile, (), 5.0, access)
+    try:
+        deployment = backend.load("k" * 64, folder)
+        assert deployment.image == IMAGE_A  # the runtime's: the stager is not promoted
+        backend.apply(deployment)
+    finally:
+        backend.close()
+    applied = [e.split()[1] for e in world.double.applied()]
+    stage_jobs = [f"Job/dsv41-flash-stage-weights-{r}" for r in range(3)]
+    assert applied[: len(ORDER) + 4] == [
+        "ConfigMap/sparkforge-tp3-patch",
+        "ConfigMap/dsv41-flash-ring-plan",
+        *ORDER[1:7],
+        *stage_jobs,
+        *ORDER[7:],
+    ]
+    # Every staging Job Complete before the Model is applied.
+    events = world.double.events
+    model_applied = next(i for i, e in enumerate(events) if e == "apply Model/dsv41-flash-exl3")
+    staged = [
+        i
+        for i, e in enumerate(events)
+        if e.startswith("status Job/dsv41-flash-stage-weights-") and " Complete" in e
+    ]
+    assert len({events[i].split()[1] for i in staged}) == 3
+    assert max(staged) < model_applied
+
+    jobs = {
+        body["metadata"]["name"]: body
+        for (_, kind, _, _), body in world.double.objects.items()
+        if kind == "Job" and "stage-weights" in body["metadata"]["name"]
+    }
+    for rank, node in enumerate(NODES):
+        spec = jobs[f"dsv41-flash-stage-weights-{rank}"]["spec"]["template"]["spec"]
+        assert spec["nodeName"] == node and spec["hostNetwork"] is True
+        [container] = spec["containers"]
+        assert container["image"] == STAGER
+        args = container["args"]
+        assert args[args.index("--rank") + 1] == str(rank)
+        assert args[args.index("--stage-into") + 1] == "/models/22fa141368a3262a"
+        assert container["envFrom"] == [{"secretRef": {"name": "dsv41-model-source"}}]
+        claims = [
+            v["persistentVolumeClaim"]["claimName"]
+            for v in spec["volumes"]
+            if "persistentVolumeClaim" in v
+        ]
+        assert claims == [f"dsv41-cache-{node}"]
+    rendered = "".join(p.read_text() for p in folder.glob("*.yaml"))
+    assert SECRET not in rendered and "lab-key-id" not in rendered

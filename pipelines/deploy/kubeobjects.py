@@ -92,8 +92,16 @@ class Change:
         return f"{self.kind}/{self.name}{where} {did}" + (" (server dry run)" if dry_run else "")
 
 
+# Render labels the ring staging objects so: their Jobs run the weights-stager image, not the
+# runtime image the deployment promotes.
+STAGING_LABEL = ("app.kubernetes.io/component", "weights-staging")
+
+
 def images_of(doc: dict[str, Any]) -> set[str]:
-    """The images a document runs (an InferenceService's, a Job's containers')."""
+    """The runtime images a document runs (an InferenceService's, a Job's containers')."""
+    labels = doc.get("metadata", {}).get("labels", {})
+    if labels.get(STAGING_LABEL[0]) == STAGING_LABEL[1]:
+        return set()
     if doc["kind"] == "InferenceService":
         return {doc["spec"]["image"]}
     if doc["kind"] == "Job":

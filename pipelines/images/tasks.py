@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from pipelines.errors import PipelineError
 from pipelines.images.inputs import base_repository, image_repository
 from pipelines.images.registry import Registry, RegistryCache
@@ -46,6 +48,7 @@ class Images:
         image: str | None = None,
         prefix: str = "",
         digest_var: str = "image_digest",
+        platform: str | None = None,
     ):
         # image: another image than the profile's runtime (the ring's weights-stager), whose
         # tasks are named with prefix so that both images live in one task graph.
@@ -56,6 +59,7 @@ class Images:
         self.prefix = prefix
         self.name = f"{prefix}images"  # the stage's name in the task table
         self.digest_var = digest_var  # the doit variable that passes a digest CI pushed
+        self.platform_override = platform  # build for this platform, whatever image.yaml says
         host, _, namespace = settings.registry.partition("/")
         self.registry = Registry(host)
         self.namespace = namespace
@@ -64,8 +68,18 @@ class Images:
 
     @cached_property
     def image(self) -> ImageDir:
-        """The image folder, validated."""
-        return load_image(self.image_name)
+        """The image folder, validated (its platform the one asked for, if any)."""
+        image = load_image(self.image_name)
+        if self.platform_override:
+            spec = msgspec.structs.replace(image.spec, platform=self.platform_override)
+            return ImageDir(image.path, spec)
+        return image
+
+    @property
+    def platform(self) -> str | None:
+        """The platform image.yaml names; None for native (this machine's)."""
+        platform = self.image.spec.platform
+        return None if platform == "native" else platform
 
     # --- base ------------------------------------------------------------------------------
 
@@ -149,6 +163,15 @@ class Images:
         from pipelines.images.oci import LayerCache
 
         plan = self.plan()
+        if self.image.spec.base.local:
+            from pipelines.images.inputs import native_platform
+
+            if plan.platform != native_platform():
+                raise PipelineError(
+                    f"{plan.name}: its Debian base is debootstrapped for this machine"
+                    f" ({native_platform()}), the ring needs {plan.platform}: build it on a"
+                    f" {plan.platform} runner (CI's) or pass {self.digest_var}=sha256:..."
+                )
         has_engine = self.settings.docker_host is not None
         builder = choose_builder(has_engine, self.settings.builder)
         if builder == "engine" and self.settings.docker_host is None:

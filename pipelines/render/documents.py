@@ -26,6 +26,8 @@ class RenderInputs:
     image: str  # pinned by digest
     patch_source: str  # the config patch program the patch Job runs
     weights_root: str = ""  # where the members keep blobs and staged models
+    stager_image: str = ""  # rings: the weights-stager image, pinned by digest
+    ring_plan: str = ""  # rings with a complete lock: the staging plan (JSON); "": no staging
 
 
 class RenderError(PipelineError):

@@ -21,6 +21,8 @@ from pipelines.schema import as_data
 from pipelines.weights import Lock, cache_key
 
 CACHE_ROOT = "/cache"  # one hostPath volume for every JIT/compile cache (survives reboots)
+STAGING_CACHE = "/models"  # where a staging Job mounts its member's model cache claim
+STAGING_COMPONENT = "weights-staging"  # the staging objects' app.kubernetes.io/component
 
 
 def fabric_env(profile: Profile) -> dict[str, str]:
@@ -79,10 +81,34 @@ def vllm_args(profile: Profile) -> list[str]:
     return args + list(v.extra_args)
 
 
-def render_context(profile: Profile, lock: Lock, image: str, patch_source: str) -> dict[str, Any]:
+def staging_context(
+    labels: dict[str, str], staging: tuple[str, str] | None
+) -> dict[str, Any] | None:
+    """What the ring staging templates read: (stager image, plan JSON), or None: no staging."""
+    if staging is None:
+        return None
+    image, plan = staging
+    return {
+        "image": image,
+        "plan": plan,
+        "cache": STAGING_CACHE,
+        # Blobs beside the model folders, on the claim's filesystem (staging links, never copies).
+        "root": f"{STAGING_CACHE}/.sparkforge",
+        "labels": {**labels, "app.kubernetes.io/component": STAGING_COMPONENT},
+    }
+
+
+def render_context(
+    profile: Profile,
+    lock: Lock,
+    image: str,
+    patch_source: str,
+    staging: tuple[str, str] | None = None,
+) -> dict[str, Any]:
     """Everything the templates read, computed from profile, lock and image (pure)."""
     key = cache_key(lock.source)
     k8s = profile.kubernetes
+    labels = {"app.kubernetes.io/part-of": "sparkforge", "sparkforge/profile": profile.name}
     env = {
         **fabric_env(profile),
         **profile.env,
@@ -91,8 +117,10 @@ def render_context(profile: Profile, lock: Lock, image: str, patch_source: str) 
     }
     return {
         "namespace": k8s.namespace,
-        "labels": {"app.kubernetes.io/part-of": "sparkforge", "sparkforge/profile": profile.name},
+        "labels": labels,
+        "staging": staging_context(labels, staging),
         "model": {
+            "key": key,
             "name": profile.model.lock,
             "source": lock.source,
             "files": [e.name for e in lock.files],
@@ -139,11 +167,16 @@ def render_context(profile: Profile, lock: Lock, image: str, patch_source: str) 
 
 
 def render_kubernetes(
-    profile: Profile, lock: Lock, image: str, patch_source: str
+    profile: Profile,
+    lock: Lock,
+    image: str,
+    patch_source: str,
+    staging: tuple[str, str] | None = None,
 ) -> list[Document]:
-    """The llmkube documents of a profile, in the order they must be applied."""
+    """The llmkube documents of a profile, in the order they must be applied; with staging
+    (stager image, ring plan), each member's ring staging Job before the Model."""
     env = template_env()
-    context = render_context(profile, lock, image, patch_source)
+    context = render_context(profile, lock, image, patch_source, staging)
     docs: list[Document] = []
 
     def add(prefix: str, template: str, extra: dict | None = None) -> None:
@@ -152,11 +185,17 @@ def render_kubernetes(
             docs.append(Document(name, body))
 
     # Apply order, as domain.md has it: caches, the Model (staging), the TP3 patch on every
-    # member's copy, node prep (drop the page cache the stage left), then the group.
+    # member's copy, node prep (drop the page cache the stage left), then the group. Ring
+    # staging fills every member's cache before the Model, which then finds the files there.
     if profile.model.config_patch == "tp3-heads":
         add("10", "configmap-tp3-patch.yaml.j2")
+    if staging:
+        add("10", "configmap-ring-plan.yaml.j2")
     for member in context["members"]:
         add("20", "member-cache.yaml.j2", {"member": member})
+    if staging:
+        for member in context["members"]:
+            add("25", "job-stage-weights.yaml.j2", {"member": member})
     add("30", "model.yaml.j2")
     if profile.model.config_patch == "tp3-heads":
         for member in context["members"]:
@@ -179,7 +218,8 @@ def kustomization(docs: list[Document]) -> Document:
 
 def render(profile: Profile, model: RenderInputs, secrets: list[str]) -> list[Document]:
     """Render, validate (raising with one line per violation), then add the kustomization."""
-    docs = render_kubernetes(profile, model.lock, model.image, model.patch_source)
+    staging = (model.stager_image, model.ring_plan) if model.ring_plan else None
+    docs = render_kubernetes(profile, model.lock, model.image, model.patch_source, staging)
     violations = validate_documents(docs, secrets)
     if violations:
         raise RenderError("\n".join(violations))

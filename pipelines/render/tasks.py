@@ -58,11 +58,15 @@ class Render:
         image: Callable[[], str],
         secrets: list[str],
         after: tuple[str, ...] = (),
+        stager_image: Callable[[], str] | None = None,
     ):
+        # stager_image: a Kubernetes ring's weights-stager image; with a complete lock, the
+        # manifests then stage the weights member to member (render/kubernetes.py).
         self.profile = profile
         self.engine = engine
         self.renderer = renderer_for(profile)
-        self.step = self._step(model, image, secrets, after) if self.renderer else None
+        staging = stager_image if profile.deploy == "kubernetes" else None
+        self.step = self._step(model, image, secrets, after, staging) if self.renderer else None
 
     def _step(
         self,
@@ -70,16 +74,26 @@ class Render:
         image: Callable[[], str],
         secrets: list[str],
         after: tuple[str, ...],
+        stager_image: Callable[[], str] | None,
     ) -> Step:
         """The keyed render step: profile, image, lock, templates and patch code."""
         profile, renderer = self.profile, self.renderer
 
         def render(run: StepRun) -> None:
+            lock = model.read_lock()
+            plan = model.ring_plan_json() if run.params["stager_image"] else ""
+            if not plan and profile.deploy == "kubernetes" and len(profile.members) > 1:
+                print(
+                    f"render: no ring staging Jobs until {model.lock_file.name} is complete"
+                    " (`doit lock_weights`); the Model stages each member from S3"
+                )
             inputs = RenderInputs(
-                model.read_lock(),
+                lock,
                 run.params["image"],
                 model.patch_source_text(),
                 run.params["weights_root"],
+                run.params["stager_image"],
+                plan,
             )
             docs = load_renderer(renderer)(profile, inputs, secrets)
             write_documents(docs, run.out)
@@ -97,6 +111,7 @@ class Render:
                 "profile": as_data(profile),
                 "image": image(),
                 "weights_root": model.node_weights_root,
+                "stager_image": stager_image() if stager_image else "",
             },
             inputs={
                 "templates": MANIFESTS_DIR,

@@ -54,6 +54,13 @@ class ModelOutputs:
         """The tasks that put the model into its bucket (the local stack's synthetic model)."""
         return ("synthetic_model",) if self.weights.profile.model.lock == SYNTHETIC_LOCK else ()
 
+    def is_locked(self) -> bool:
+        """Whether the lock names every file's size and sha256 (what a ring plan needs)."""
+        try:
+            return all(e.sha256 and e.size is not None for e in self.read_lock().files)
+        except (PipelineError, OSError):
+            return False
+
     def member_roots(self) -> list[str]:
         """Each member's weights folder, by rank: its own where the profile names one."""
         root = self.node_weights_root
