@@ -36,18 +36,28 @@ def pins_with_hashes(text: str) -> dict[str, tuple[str, frozenset[str]]]:
     return found
 
 
-def member_closure() -> set[str]:
-    """The project files `python -m pipelines.weights.ring` imports, asked of a fresh Python."""
+def member_imports() -> dict[str, str]:
+    """Module -> file of everything `python -m pipelines.weights.ring` imports (modules with a
+    file only), asked of a fresh Python."""
     code = (
         "import json, sys, pipelines.weights.ring;"
-        "print(json.dumps(sorted(m.__file__ for n, m in sys.modules.items()"
-        " if n.split('.')[0] == 'pipelines' and getattr(m, '__file__', None))))"
+        "print(json.dumps({n: m.__file__ for n, m in sys.modules.items()"
+        " if getattr(m, '__file__', None)}))"
     )
     out = subprocess.run(
         [sys.executable, "-I", "-c", code], cwd=REPO_ROOT, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
-    return {str(Path(f).relative_to(REPO_ROOT)) for f in json.loads(out.stdout)}
+    return json.loads(out.stdout)
+
+
+def member_closure() -> set[str]:
+    """The project files the member imports, relative to the repository."""
+    return {
+        str(Path(f).relative_to(REPO_ROOT))
+        for name, f in member_imports().items()
+        if name.split(".")[0] == "pipelines"
+    }
 
 
 def test_the_image_carries_exactly_the_members_import_closure_and_what_it_stages_with():
@@ -70,15 +80,7 @@ def test_the_images_wheels_are_requirements_lock_pins_and_hashes():
 def test_every_third_party_module_the_member_imports_has_its_wheel():
     image = load_image(STAGER)
     wanted = set(pins_with_hashes((image.path / image.spec.wheels.requirements).read_text()))
-    code = (
-        "import sys, pipelines.weights.ring;"
-        "print('\\n'.join(sorted({n.split('.')[0] for n, m in sys.modules.items()"
-        " if getattr(m, '__file__', None)})))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-I", "-c", code], cwd=REPO_ROOT, capture_output=True, text=True
-    )
-    top = set(out.stdout.split())
+    top = {name.split(".")[0] for name in member_imports()}
     outside = {
         name
         for name in top - set(sys.stdlib_module_names) - {"pipelines"}
