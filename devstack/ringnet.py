@@ -79,6 +79,18 @@ class RingNet:
         self.processes.append(process)
         return process
 
+    def host_s3(self, credentials: Mapping[str, str]):
+        """A boto3 client for the ring's S3 from the host (over management: not counted)."""
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.host_endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
+        )
+
     def s3_bytes_served(self) -> int:
         """Bytes the server's namespace has sent over the member uplinks (not management)."""
         sent = tx_bytes(self.s3_namespace)

@@ -9,7 +9,6 @@ import secrets
 import subprocess
 import sys
 
-import boto3
 import pytest
 
 from devstack.netns import LinkError, bits_per_second
@@ -86,13 +85,7 @@ def test_ring_network_shapes_uplinks_meshes_members_and_leaves_nothing():
             if refused_here(err):
                 pytest.skip(f"no network namespaces here (CAP_NET_ADMIN): {err}")
             raise
-        host = boto3.client(
-            "s3",
-            endpoint_url=net.host_endpoint,
-            region_name="us-east-1",
-            aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
-        )
+        host = net.host_s3(credentials)
         # The host's own traffic goes over the management link, which the server does not count.
         served_before = net.s3_bytes_served()
         host.put_object(Bucket="models", Key="blob", Body=os.urandom(OBJECT_BYTES))

@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import boto3
 import pytest
 import ringrun
 import urllib3
@@ -302,13 +301,7 @@ def ring():
                 pytest.skip(f"no network namespaces here (CAP_NET_ADMIN): {err}")
             raise
         lock = load_lock(SYNTHETIC)
-        host = boto3.client(
-            "s3",
-            endpoint_url=net.host_endpoint,
-            region_name="us-east-1",
-            aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
-        )
+        host = net.host_s3(credentials)
         upload_synthetic(host, lock.source, SyntheticShape())
         work = net.data / "staging"
         work.mkdir()
@@ -420,13 +413,7 @@ def test_a_peer_serving_a_flipped_byte_is_refused_and_the_file_comes_from_anothe
     assert load_plan(ring.plan_file.read_text()).files[0].owner == 0  # m0 fetches it from S3
     # m1 believes it holds the big shard (its stat cache says so), but one byte rotted on disk.
     blobs = BlobStore(roots[1], StatCache(roots[1] / "statcache.sqlite3"))
-    host = boto3.client(
-        "s3",
-        endpoint_url=ring.net.host_endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=ring.credentials["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=ring.credentials["AWS_SECRET_ACCESS_KEY"],
-    )
+    host = ring.net.host_s3(ring.credentials)
     url = S3Url.parse(ring.lock.source)
     data = bytearray(host.get_object(Bucket=url.bucket, Key=url.key(BIG))["Body"].read())
     data[len(data) // 2] ^= 0x01
