@@ -406,11 +406,13 @@ def test_stage_ring_again_fetches_nothing(staging_ring):
     assert all(s3 == 0 and peers == 0 for _, s3, peers in done.values()), done
 
 
-def test_a_member_host_that_cannot_stage_is_named_and_no_container_is_left(
+def test_a_member_that_cannot_stage_is_named_with_its_log_and_no_container_is_left(
     staging_ring, stack, stack_env, docker_client, tmp_path
 ):
     profile = yaml.safe_load(yaml.safe_dump(staging_ring["profile"]))
-    profile["members"][1]["weights_root"] = str(tmp_path / "not-there")
+    not_a_folder = tmp_path / "not-a-folder"
+    not_a_folder.write_text("a file where ring-b's weights folder should be\n")
+    profile["members"][1]["weights_root"] = str(not_a_folder)
     path = staging_ring["profiles"] / f"{staging_ring['name']}.yaml"
     path.write_text(yaml.safe_dump(profile))
     try:
@@ -419,9 +421,33 @@ def test_a_member_host_that_cannot_stage_is_named_and_no_container_is_left(
         path.write_text(yaml.safe_dump(staging_ring["profile"]))
     out = result.stdout + result.stderr
     assert result.returncode != 0
-    assert "member ring-b: ssh://" in out and "not-there" in out
+    failed = [line for line in out.splitlines() if "member ring-b: staging exited" in line]
+    assert len(failed) == 1 and "not-a-folder" in failed[0], out
+    assert "member ring-a: staging exited" not in out  # ring-a is stopped, not failed
     assert stack_env["AWS_SECRET_ACCESS_KEY"] not in out
     assert stager_containers(stack, docker_client) == []
+
+
+def test_a_fresh_nodes_missing_weights_folder_is_made(staging_ring, tmp_path):
+    profile = yaml.safe_load(yaml.safe_dump(staging_ring["profile"]))
+    fresh = tmp_path / "fresh" / "weights"
+    profile["members"][1]["weights_root"] = str(fresh)
+    path = staging_ring["profiles"] / f"{staging_ring['name']}.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    try:
+        result = doit(staging_ring, "stage_ring")
+    finally:
+        path.write_text(yaml.safe_dump(staging_ring["profile"]))
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    done = {m[0]: (int(m[1]), float(m[2]), float(m[3])) for m in DONE.findall(out)}
+    files = staging_ring["lock"]["files"]
+    total_mib = sum(f["size"] for f in files) / (1 << 20)
+    # ring-a has everything already; the fresh ring-b takes its own share from S3, as planned,
+    # and the rest from ring-a.
+    assert done["ring-a"][1:] == (0.0, 0.0), done
+    assert abs(done["ring-b"][1] + done["ring-b"][2] - total_mib) < 0.2 and done["ring-b"][2] > 0
+    assert len(list((fresh / "blobs" / "sha256").iterdir())) == len(files)
 
 
 def test_a_refused_ssh_key_stops_the_ring_deploy_before_anything_is_touched(

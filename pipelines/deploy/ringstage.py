@@ -9,7 +9,9 @@ before it starts; the S3 credentials go in its environment, never into a file or
 
 from __future__ import annotations
 
+import contextlib
 import io
+import queue
 import tarfile
 import threading
 from collections.abc import Callable, Mapping
@@ -97,25 +99,25 @@ class Stagers:
     ) -> None:
         """Stage every member at once; one line per member that failed, with its log's tail."""
         import docker.errors
-        from docker.types import Mount
 
         try:
             for member in members:
                 client = self.hosts.client(member)
                 self.hosts.pull(client, member, image)
                 name = stager_name(self.profile, member.rank)
-                old = self.hosts.find(client, name)
-                if old is not None:
-                    old.remove(force=True)
                 root = roots[member.rank]
                 try:
+                    old = self.hosts.find(client, name)
+                    if old is not None:
+                        old.remove(force=True)
+                    # A bind as `docker run -v` makes it: a fresh node's weights folder is made.
                     container = client.containers.create(
                         image,
                         stager_command(member.rank, root, model_folder, interval),
                         name=name,
                         network_mode="host",
                         environment=env,
-                        mounts=[Mount(root, root, type="bind")],
+                        volumes={root: {"bind": root, "mode": "rw"}},
                         labels={"dev.sparkforge.profile": self.profile},
                     )
                     self.started.append((member, container))
@@ -132,23 +134,41 @@ class Stagers:
             self.remove()
 
     def follow(self) -> list[str]:
-        """Print every member's lines as they come; wait for all; the failures, one line each."""
+        """Print every member's lines as they come and wait for all; the failures, one line
+        each. Once one member fails the others are stopped: the ring cannot finish as planned,
+        and a run again resumes every member from what it verified."""
+        import docker.errors
+
         tails: dict[int, list[str]] = {}
-        threads = []
+        exits: queue.Queue[tuple[Member, Any, int]] = queue.Queue()
+        printers: dict[int, threading.Thread] = {}
         for member, container in self.started:
             tail = tails.setdefault(member.rank, [])
-            thread = threading.Thread(
+            printer = threading.Thread(
                 target=self._print_logs, args=(member, container, tail), daemon=True
             )
-            thread.start()
-            threads.append(thread)
-        failed = []
-        for (member, container), thread in zip(self.started, threads, strict=True):
-            code = container.wait()["StatusCode"]
-            thread.join(timeout=5)
-            if code != 0:
-                last = " | ".join(tails[member.rank][-LOG_TAIL:])
-                failed.append(f"member {member.node}: staging exited {code}: {last}")
+            printer.start()
+            printers[member.rank] = printer
+            threading.Thread(
+                target=lambda m=member, c=container: exits.put((m, c, c.wait()["StatusCode"])),
+                daemon=True,
+            ).start()
+        failed, stopped = [], set()
+        for _ in self.started:
+            member, container, code = exits.get()
+            if code == 0 or member.rank in stopped:
+                continue
+            printers[member.rank].join(timeout=5)  # its last lines, before the line about it
+            last = " | ".join(tails[member.rank][-LOG_TAIL:])
+            failed.append(f"member {member.node}: staging exited {code}: {last}")
+            for other, running in self.started:
+                if other.rank not in stopped and other.rank != member.rank:
+                    stopped.add(other.rank)
+                    with contextlib.suppress(docker.errors.DockerException):
+                        running.stop(timeout=5)
+        if failed and stopped:
+            nodes = ", ".join(m.node for m, _ in self.started if m.rank in stopped)
+            self.say(f"stage_ring: stopped {nodes}; a run again resumes from what is verified")
         return failed
 
     def _print_logs(self, member: Member, container: Any, tail: list[str]) -> None:
