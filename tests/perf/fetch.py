@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import os
 import secrets
 import shutil
@@ -109,6 +110,42 @@ def run_aws(source: str, dest: Path, endpoint: str) -> None:
     )
 
 
+def session_cpu(sid: int) -> float:
+    """CPU seconds (user + system) of the live processes of session sid (the S3 server's)."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone since the listing
+        # After the name: state, ppid, pgrp, session, ..., utime and stime (fields 14 and 15).
+        if int(fields[3]) == sid:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu() -> float:
+    """CPU seconds of this process and its waited-for children (the client under test)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def sha256_rate() -> float:
+    """Bytes per second that sha256 takes on one core here (the floor of what verifying costs)."""
+    data = os.urandom(64 * MiB)
+    digest = hashlib.sha256()
+    start = time.perf_counter()
+    for _ in range(8):
+        digest.update(data)
+    return 8 * len(data) / (time.perf_counter() - start)
+
+
+def stack_server_session() -> int:
+    """The session of the local stack's S3 server."""
+    pid = next(s.pid for s in devstack.status() if s.name == "s3")
+    return os.getsid(pid)
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -143,15 +180,17 @@ def main() -> None:
             os.environ["AWS_ENDPOINT_URL_S3"] = endpoint = shaped.endpoint
             os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
             where = f"S3 {endpoint} behind a veth shaped to {args.link}, {args.delay_ms} ms delay"
+            server = shaped.server_session
         else:
             devstack.up()
             devstack.export_s3_environment()
             endpoint = os.environ["AWS_ENDPOINT_URL_S3"]
             where = f"S3 {endpoint} on loopback"
-        bench(args, endpoint, where)
+            server = stack_server_session()
+        bench(args, endpoint, where, server)
 
 
-def bench(args: argparse.Namespace, endpoint: str, where: str) -> None:
+def bench(args: argparse.Namespace, endpoint: str, where: str, server: int) -> None:
     """Upload and lock the model where needed, run the tools in turn, print medians and ratios."""
     shape = SyntheticShape(shard_bytes=args.shard_mib * MiB, engram_bytes=args.engram_mib * MiB)
     source = f"s3://models/perf/synthetic-{args.shard_mib}-{args.engram_mib}"
@@ -173,22 +212,38 @@ def bench(args: argparse.Namespace, endpoint: str, where: str) -> None:
             lock, source, d, endpoint
         )
     times: dict[str, list[float]] = {name: [] for name in tools}
+    # CPU seconds of the client and of the S3 server per run: on 2 cores they share one budget.
+    cpu: dict[str, list[tuple[float, float]]] = {name: [] for name in tools}
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="fetch-bench-") as tmp:
         for run in range(args.runs):
             for name, tool in tools.items():
                 dest = Path(tmp) / "dest"
                 dest.mkdir()
                 os.sync()  # no run pays for the writeback of the one before
-                start = time.perf_counter()
+                start, client, served = time.perf_counter(), own_cpu(), session_cpu(server)
                 tool(dest)
                 took = time.perf_counter() - start
+                used = (own_cpu() - client, session_cpu(server) - served)
                 times[name].append(took)
-                print(f"  run {run + 1} {name:30s} {took:6.2f} s", flush=True)
+                cpu[name].append(used)
+                print(
+                    f"  run {run + 1} {name:30s} {took:6.2f} s, CPU client {used[0]:6.2f} s,"
+                    f" server {used[1]:6.2f} s",
+                    flush=True,
+                )
                 shutil.rmtree(dest)
     medians = {name: statistics.median(t) for name, t in times.items()}
     print(f"medians over {args.runs} alternating runs ({os.cpu_count()} cores), {where}:")
+    gb = lock.size / 1e9
     for name, t in medians.items():
-        print(f"  {name:30s} {t:6.2f} s  {lock.size / t / 1e6:7.0f} MB/s")
+        client = statistics.median(c for c, _ in cpu[name]) / gb
+        served = statistics.median(s for _, s in cpu[name]) / gb
+        print(
+            f"  {name:30s} {t:6.2f} s  {lock.size / t / 1e6:7.0f} MB/s"
+            f"  CPU s/GB: client {client:5.2f}, server {served:5.2f}"
+        )
+    rate = sha256_rate()
+    print(f"  sha256 on one core here: {rate / 1e6:.0f} MB/s ({1e9 / rate:.2f} CPU s/GB)")
     ours = medians["sparkforge (sha256 verified)"]
     print(f"  ours / s5cmd          = {ours / medians['s5cmd cp']:.2f} (target <= 1.0)")
     print(f"  ours / (s5cmd + sync) = {ours / medians['s5cmd cp + sync']:.2f}")

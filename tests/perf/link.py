@@ -48,6 +48,7 @@ class ShapedS3:
     endpoint: str
     rate: str
     delay_ms: float
+    server_session: int  # the server's processes' session, for counting their CPU
 
 
 @contextlib.contextmanager
@@ -93,7 +94,7 @@ def shaped_s3(
                 )  # fmt: skip
             endpoint = f"http://{SERVER_ADDRESS}:{S3_PORT}"
             wait_for_bucket(endpoint, credentials, log)
-            yield ShapedS3(endpoint, rate, delay_ms)
+            yield ShapedS3(endpoint, rate, delay_ms, server.pid)
         finally:
             if server is not None:
                 with contextlib.suppress(ProcessLookupError):
