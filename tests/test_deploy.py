@@ -560,6 +560,23 @@ DONE = re.compile(
 )
 
 
+def done_members(out: str) -> dict[str, tuple[int, float, float]]:
+    """Per member of stage_ring's output: files verified, MiB from S3, MiB from peers."""
+    return {m[0]: (int(m[1]), float(m[2]), float(m[3])) for m in DONE.findall(out)}
+
+
+def stage_with_second_root(staging_ring, root: Path) -> subprocess.CompletedProcess:
+    """stage_ring with ring-b's weights at root for this run only."""
+    profile = yaml.safe_load(yaml.safe_dump(staging_ring["profile"]))
+    profile["members"][1]["weights_root"] = str(root)
+    path = staging_ring["profiles"] / f"{staging_ring['name']}.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    try:
+        return doit(staging_ring, "stage_ring")
+    finally:
+        path.write_text(yaml.safe_dump(staging_ring["profile"]))
+
+
 def stager_containers(stack, docker_client) -> list:
     """Staging containers left on either engine."""
     second = docker.DockerClient(base_url=second_engine(stack))
@@ -577,7 +594,7 @@ def test_stage_ring_takes_each_file_from_s3_once_and_the_rest_from_the_peer_then
     result = doit(staging_ring, "stage_ring")
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
-    done = {m[0]: (int(m[1]), float(m[2]), float(m[3])) for m in DONE.findall(out)}
+    done = done_members(out)
     files = staging_ring["lock"]["files"]
     total_mib = sum(f["size"] for f in files) / (1 << 20)
     assert set(done) == {"ring-a", "ring-b"}
@@ -614,7 +631,7 @@ def test_stage_ring_again_fetches_nothing(staging_ring):
     result = doit(staging_ring, "stage_ring")
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
-    done = {m[0]: (int(m[1]), float(m[2]), float(m[3])) for m in DONE.findall(out)}
+    done = done_members(out)
     assert set(done) == {"ring-a", "ring-b"}
     assert all(s3 == 0 and peers == 0 for _, s3, peers in done.values()), done
 
@@ -622,16 +639,9 @@ def test_stage_ring_again_fetches_nothing(staging_ring):
 def test_a_member_that_cannot_stage_is_named_with_its_log_and_no_container_is_left(
     staging_ring, stack, stack_env, docker_client, tmp_path
 ):
-    profile = yaml.safe_load(yaml.safe_dump(staging_ring["profile"]))
     not_a_folder = tmp_path / "not-a-folder"
     not_a_folder.write_text("a file where ring-b's weights folder should be\n")
-    profile["members"][1]["weights_root"] = str(not_a_folder)
-    path = staging_ring["profiles"] / f"{staging_ring['name']}.yaml"
-    path.write_text(yaml.safe_dump(profile))
-    try:
-        result = doit(staging_ring, "stage_ring")
-    finally:
-        path.write_text(yaml.safe_dump(staging_ring["profile"]))
+    result = stage_with_second_root(staging_ring, not_a_folder)
     out = result.stdout + result.stderr
     assert result.returncode != 0
     failed = [line for line in out.splitlines() if "member ring-b: staging exited" in line]
@@ -642,18 +652,11 @@ def test_a_member_that_cannot_stage_is_named_with_its_log_and_no_container_is_le
 
 
 def test_a_fresh_nodes_missing_weights_folder_is_made(staging_ring, tmp_path):
-    profile = yaml.safe_load(yaml.safe_dump(staging_ring["profile"]))
     fresh = tmp_path / "fresh" / "weights"
-    profile["members"][1]["weights_root"] = str(fresh)
-    path = staging_ring["profiles"] / f"{staging_ring['name']}.yaml"
-    path.write_text(yaml.safe_dump(profile))
-    try:
-        result = doit(staging_ring, "stage_ring")
-    finally:
-        path.write_text(yaml.safe_dump(staging_ring["profile"]))
+    result = stage_with_second_root(staging_ring, fresh)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
-    done = {m[0]: (int(m[1]), float(m[2]), float(m[3])) for m in DONE.findall(out)}
+    done = done_members(out)
     files = staging_ring["lock"]["files"]
     total_mib = sum(f["size"] for f in files) / (1 << 20)
     # ring-a has everything already; the fresh ring-b takes its own share from S3, as planned,
