@@ -357,6 +357,9 @@ def test_ctrl_c_during_a_deploy_restores_the_previous_one(world, docker_client):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # Ctrl-C as at a terminal: a suite started in the background (`cmd &`, nohup) has SIGINT
+        # ignored, which its children inherit, and then Python never raises KeyboardInterrupt.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     # Interrupt once the new container runs: the deploy is then waiting for it to serve.
     deadline = time.monotonic() + 300
