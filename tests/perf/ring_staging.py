@@ -46,7 +46,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import boto3  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import ringrun  # noqa: E402
 from fetch import ensure_model  # noqa: E402
@@ -305,13 +304,7 @@ def main() -> int:
     load_before = os.getloadavg()
     try:
         with ring_network(MEMBERS, args.uplink, credentials, default_scratch(), args.link) as net:
-            host = boto3.client(
-                "s3",
-                endpoint_url=net.host_endpoint,
-                region_name=ringrun.REGION,
-                aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
-                aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
-            )
+            host = net.host_s3(credentials)
             shape = SyntheticShape(args.shard_mib * MiB, args.engram_mib * MiB)
             source = f"s3://models/perf/ring-{args.shard_mib}-{args.engram_mib}"
             lock = ensure_model(host, source, shape)
