@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 import test_weights
+from test_weights_partial import cached_bytes, direct_io_here
 
 from pipelines.files import sync_files
 from pipelines.schema import as_data
 from pipelines.weights import publish as publish_module
 from pipelines.weights.fetch import FetchError
 from pipelines.weights.lock import Lock
+from pipelines.weights.partial import ALIGN
 
 # The model uploaded once for this module, and an empty blob store per test (as there).
 synthetic = test_weights.synthetic
@@ -137,3 +139,16 @@ def test_fetch_killed_at_random_points_never_leaves_a_wrong_blob_and_resumes(
     assert report.downloaded == sum(e.size for e in missing) - report.read_back, f"seed {seed}"
     assert sorted(report.fetched) == sorted(e.name for e in missing)
     assert blobs.missing(lock) == []
+
+
+def test_a_fetch_writes_its_blobs_to_disk_past_the_page_cache(s3, synthetic, blobs, tmp_path):
+    """Direct writes (partial.py): the bytes go from the range buffers to the disk, not through
+    a second copy into the page cache, which the sync would then have to write back."""
+    if not direct_io_here(tmp_path):
+        pytest.skip(f"{tmp_path}: no direct I/O on this filesystem")
+    _, lock = synthetic
+    big = sorted(lock.files, key=lambda e: e.size)[-2:]
+    fetch(s3, Lock(model=lock.model, source=lock.source, files=big), blobs, part_size=1 << 20)
+    for entry in big:
+        assert entry.size > 16 * ALIGN
+        assert cached_bytes(blobs.blob(entry.sha256)) <= ALIGN, entry.name  # the tail's page

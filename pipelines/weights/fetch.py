@@ -2,11 +2,12 @@
 
 Each file is split into ranges fetched in parallel on one shared pool into reused buffers; one
 thread per file takes the ranges in order, feeds them to sha256 and appends them to the
-partial file. The partial file is therefore always a verified-order prefix: a killed fetch
-resumes from its length, reading that prefix back from local disk (not downloading it again)
-to rebuild the hash. A file is renamed into the store only when its sha256 matches the lock
-and its bytes are durable: the writer hands it to the publisher (publish.py), which makes a
-whole batch durable with one filesystem sync, so no writer waits for the disk per file.
+partial file (partial.py: direct to disk where it can). The partial file is therefore always
+a verified-order prefix: a killed fetch resumes from its length, reading that prefix back from
+local disk (not downloading it again) to rebuild the hash. A file is renamed into the store
+only when its sha256 matches the lock and its bytes are durable: the writer hands it to the
+publisher (publish.py), which makes a whole batch durable with one filesystem sync, so no
+writer waits for the disk per file.
 
 One writer per file is deliberate: concurrent writes into one file contend on its inode lock,
 which cost more CPU than the hashing itself on 2 cores (measured).
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import queue
 import threading
 import time
@@ -29,6 +29,7 @@ from pipelines.progress import Progress
 from pipelines.weights.blobs import BlobStore
 from pipelines.weights.lock import Lock, LockEntry
 from pipelines.weights.options import FetchOptions
+from pipelines.weights.partial import PartialFile, aligned_buffer
 from pipelines.weights.publish import Publisher
 from pipelines.weights.s3 import S3Url
 from pipelines.weights.sources import S3Source
@@ -93,10 +94,11 @@ class Fetcher:
         self._count = threading.Lock()
         self.pool = ThreadPoolExecutor(options.workers, thread_name_prefix="range")
         self.publisher = Publisher(blobs, options.durable)
-        # Range buffers are reused: fresh big allocations cost a page fault per 4 KiB.
-        self.buffers: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+        # Range buffers are reused (fresh big allocations cost a page fault per 4 KiB) and
+        # page-aligned (direct writes to disk need that: partial.py).
+        self.buffers: queue.SimpleQueue[memoryview] = queue.SimpleQueue()
         for _ in range(options.files_at_once * options.ahead):
-            self.buffers.put(bytearray(options.part_size))
+            self.buffers.put(aligned_buffer(options.part_size))
 
     def fetch(self, entries: list[LockEntry]) -> FetchReport:
         """Fetch entries (biggest first, several files at once); failures are collected."""
@@ -140,13 +142,9 @@ class Fetcher:
                 self.progress.advance(entry.name, entry.size)
                 return None
             part = self.blobs.partial_file(sha)
-            fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o644)
+            partial = PartialFile(part)
             try:
-                have = os.fstat(fd).st_size
-                if have > entry.size:
-                    os.ftruncate(fd, 0)
-                    have = 0
-                actual = self._stream(source, entry, fd, have)
+                actual = self._stream(source, entry, partial, partial.resume_point(entry.size))
                 if actual != sha:
                     part.unlink()
                     via = "" if source.origin == "s3" else f"from {source.label}; "
@@ -155,7 +153,7 @@ class Fetcher:
                         f" ({via}not stored)"
                     )
             finally:
-                os.close(fd)
+                partial.close()
             # The publisher holds the flock from here on, until the file is in the store.
             published, writer = self.publisher.submit(entry.name, part, sha, writer), None
             return published
@@ -163,11 +161,11 @@ class Fetcher:
             if writer is not None:
                 writer.close()
 
-    def _stream(self, source, entry: LockEntry, fd: int, have: int) -> str:
+    def _stream(self, source, entry: LockEntry, partial: PartialFile, have: int) -> str:
         """Hash the prefix already on disk, then download the rest in order; the sha256."""
         digest = hashlib.sha256()
         for start, end in plan_ranges(have, self.options.part_size):
-            data = os.pread(fd, end - start, start)
+            data = partial.read(start, end - start)
             digest.update(data)
             with self._count:
                 self.report.read_back += len(data)
@@ -186,9 +184,7 @@ class Fetcher:
                     submitted += 1
                 buffer, view = inflight.pop(i).result()
                 digest.update(view)
-                while view:
-                    written = os.pwrite(fd, view, start)
-                    view, start = view[written:], start + written
+                partial.write(view, start)
                 self.buffers.put(buffer)
             return digest.hexdigest()
         finally:
@@ -200,11 +196,11 @@ class Fetcher:
 
     def _download_range(
         self, source, entry: LockEntry, start: int, end: int
-    ) -> tuple[bytearray, memoryview]:
+    ) -> tuple[memoryview, memoryview]:
         """Read one range from source into a pooled buffer (the source retries broken bodies)."""
         buffer = self.buffers.get()
         try:
-            view = memoryview(buffer)[: end - start]
+            view = buffer[: end - start]
             source.read(
                 entry,
                 start,

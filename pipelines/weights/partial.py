@@ -1,0 +1,100 @@
+"""The partial file a fetch appends a blob's verified ranges to: direct to disk where it can.
+
+A fetched byte is written once and must be on disk before its blob is published. Through the
+page cache that costs a CPU copy of every byte into the cache, then writeback, which the
+publisher's sync waits for. Profiled here (perf, 4.1 GiB from S3 on loopback): that copy was
+40% of our fetch's CPU samples, and 56% of s5cmd's. A direct write (O_DIRECT) goes from the range
+buffer to the disk: no copy, no dirty pages, nothing left for the sync. It needs the buffer,
+the offset and the length aligned to the disk's blocks; the ranges are, all but a file's last
+bytes, which go through the page cache. A filesystem that refuses direct I/O gets buffered
+writes throughout.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+# Direct I/O's alignment (memory, offset, length) on every disk we meet: 4 KiB covers 512 B ones.
+ALIGN = 4096
+
+
+def aligned_buffer(size: int) -> memoryview:
+    """A page-aligned buffer of size bytes (an anonymous mapping: direct writes need alignment)."""
+    import mmap
+
+    return memoryview(mmap.mmap(-1, size))
+
+
+class PartialFile:
+    """A partial blob, open to read its prefix back and to append ranges in order."""
+
+    def __init__(self, path: Path):
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.direct = _open_direct(path)
+
+    def size(self) -> int:
+        """Bytes on disk now."""
+        return os.fstat(self.fd).st_size
+
+    def resume_point(self, size: int) -> int:
+        """Where to go on from for a file of size bytes: its length, cut back to the alignment
+        direct writes need (a buffered writer of an older run may have left any length), or 0
+        when it is longer than the file (not this blob's bytes)."""
+        have = self.size()
+        if have > size:
+            have = 0
+        elif have < size and self.direct is not None:
+            have -= have % ALIGN
+        if have != self.size():
+            os.ftruncate(self.fd, have)
+        return have
+
+    def read(self, start: int, length: int) -> bytes:
+        """length bytes from start (the prefix, read back to rebuild the hash)."""
+        return os.pread(self.fd, length, start)
+
+    def write(self, view: memoryview, at: int) -> None:
+        """Write view at offset at: its aligned head directly, the rest through the cache."""
+        head = len(view) - len(view) % ALIGN if self.direct is not None and at % ALIGN == 0 else 0
+        if head:
+            try:
+                written = _write_all(self.direct, view[:head], at)
+            except OSError as err:
+                if err.errno != errno.EINVAL:
+                    raise
+                # Accepted at open, refused at write (an unaligned buffer, or a filesystem that
+                # checks late): buffered from here on.
+                os.close(self.direct)
+                self.direct, written = None, 0
+            view, at = view[written:], at + written
+        _write_all(self.fd, view, at)
+
+    def close(self) -> None:
+        """Close both descriptors."""
+        os.close(self.fd)
+        if self.direct is not None:
+            os.close(self.direct)
+            self.direct = None
+
+
+def _open_direct(path: Path) -> int | None:
+    """A write-only O_DIRECT descriptor of path, or None where the filesystem has no direct I/O."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | flag)
+    except OSError as err:
+        if err.errno == errno.EINVAL:
+            return None
+        raise
+
+
+def _write_all(fd: int, view: memoryview, at: int) -> int:
+    """pwrite all of view at offset at (a write may take fewer bytes than given); bytes written."""
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], at + done)
+    return done

@@ -1,0 +1,100 @@
+"""The partial file a fetch appends to: direct writes where the filesystem has them, the page
+cache for the rest, and a resume point that direct writes can go on from."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from pathlib import Path
+
+import pytest
+
+from pipelines.weights.partial import ALIGN, PartialFile, aligned_buffer
+
+MiB = 1 << 20
+
+
+def cached_bytes(path: Path) -> int:
+    """Bytes of path in the page cache now (mincore(2) over a private mapping; nothing read)."""
+    size = path.stat().st_size
+    pages = -(-size // mmap.PAGESIZE)
+    vector = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), size, access=mmap.ACCESS_COPY) as m:
+        start = ctypes.c_char.from_buffer(m)
+        try:
+            address = ctypes.c_void_p(ctypes.addressof(start))
+            if libc.mincore(address, ctypes.c_size_t(size), vector):
+                raise OSError(ctypes.get_errno(), "mincore")
+        finally:
+            del start  # the mapping cannot close while ctypes holds it
+    return sum(page & 1 for page in vector) * mmap.PAGESIZE
+
+
+def direct_io_here(folder: Path) -> bool:
+    """Whether folder's filesystem takes direct writes (tmpfs before Linux 6.6 does not); asked
+    of the kernel, not of partial.py, so that a partial.py that never writes directly fails."""
+    probe = folder / "direct-io-probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """A folder whose filesystem takes direct writes (the case this module is about)."""
+    if not direct_io_here(tmp_path):
+        pytest.skip(f"{tmp_path}: no direct I/O on this filesystem")
+    return tmp_path
+
+
+def test_aligned_ranges_reach_the_disk_without_the_page_cache_and_the_tail_through_it(folder):
+    path = folder / "blob.part"
+    size = 3 * MiB + 1000  # three aligned ranges, then a tail shorter than a block
+    data = os.urandom(size)
+    buffer = aligned_buffer(MiB)
+    partial = PartialFile(path)
+    try:
+        for start in range(0, size, MiB):
+            chunk = data[start : start + MiB]
+            buffer[: len(chunk)] = chunk
+            partial.write(buffer[: len(chunk)], start)
+        assert partial.direct is not None  # no write was refused
+    finally:
+        partial.close()
+    assert cached_bytes(path) <= ALIGN  # only the tail's page went through the cache
+    assert path.read_bytes() == data
+
+
+def test_an_unaligned_buffer_falls_back_to_the_page_cache_with_the_same_bytes(folder):
+    path = folder / "blob.part"
+    data = os.urandom(2 * MiB)
+    unaligned = memoryview(bytearray(len(data) + 1))[1:]  # one byte off any page
+    unaligned[:] = data
+    partial = PartialFile(path)
+    try:
+        partial.write(unaligned, 0)
+        assert partial.direct is None  # refused once, buffered from then on
+        partial.write(unaligned[:ALIGN], len(data))
+    finally:
+        partial.close()
+    assert path.read_bytes() == data + data[:ALIGN]
+
+
+def test_resume_point_cuts_a_length_back_to_where_direct_writes_can_go_on(folder):
+    path = folder / "blob.part"
+    path.write_bytes(b"a" * (2 * ALIGN + 100))  # as a buffered writer of an older run left it
+    partial = PartialFile(path)
+    try:
+        assert partial.resume_point(10 * ALIGN) == 2 * ALIGN
+        assert path.stat().st_size == 2 * ALIGN
+        assert partial.resume_point(2 * ALIGN) == 2 * ALIGN  # whole: nothing cut
+        assert partial.resume_point(ALIGN) == 0  # longer than the file: not its bytes
+        assert path.stat().st_size == 0
+    finally:
+        partial.close()
