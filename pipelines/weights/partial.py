@@ -32,7 +32,11 @@ class PartialFile:
 
     def __init__(self, path: Path):
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        self.direct = _open_direct(path)
+        try:
+            self.direct = _open_direct(path)
+        except OSError:
+            os.close(self.fd)
+            raise
 
     def size(self) -> int:
         """Bytes on disk now."""
