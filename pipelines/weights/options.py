@@ -13,8 +13,11 @@ class FetchOptions:
     """Tuning of a fetch; memory held is at most files_at_once x ahead x part_size."""
 
     part_size: int = 32 * MiB
-    workers: int = 8
-    files_at_once: int = 4
+    # Eight files at once: a file whose next range waits on a direct write to disk (partial.py)
+    # must not leave the link idle. Measured at 2.5 Gbit/s, 5 alternating runs: 17.7 s against
+    # 19.7 s with 4 files and 8 workers (s5cmd 16.7 s); at 10 Gbit/s 14.9 s against 15.7 s.
+    workers: int = 16
+    files_at_once: int = 8
     ahead: int = 4
     max_rate: float | None = None  # bytes per second over all ranges, None for no limit
     retries: int = 5
