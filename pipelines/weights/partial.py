@@ -46,12 +46,11 @@ class PartialFile:
         """Where to go on from for a file of size bytes: its length, cut back to the alignment
         direct writes need (a buffered writer of an older run may have left any length), or 0
         when it is longer than the file (not this blob's bytes)."""
-        have = self.size()
-        if have > size:
-            have = 0
-        elif have < size and self.direct is not None:
+        on_disk = self.size()
+        have = 0 if on_disk > size else on_disk
+        if have < size and self.direct is not None:
             have -= have % ALIGN
-        if have != self.size():
+        if have != on_disk:
             os.ftruncate(self.fd, have)
         return have
 
