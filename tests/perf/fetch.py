@@ -190,6 +190,8 @@ def main() -> None:
             endpoint = os.environ["AWS_ENDPOINT_URL_S3"]
             where = f"S3 {endpoint} on loopback"
             server = stack_server_session()
+        if args.dir:
+            where += f", folders in {args.dir}"
         bench(args, endpoint, where, server)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -15,7 +16,7 @@ OUT = Path(__file__).resolve().parent / "out"
 def bar_chart(name: str, title: str, unit: str, values: dict[str, float]) -> Path:
     """One horizontal bar per tool (ours first), the value printed on each; returns the path."""
     OUT.mkdir(exist_ok=True)
-    fig, ax = plt.subplots(figsize=(8, 0.6 * len(values) + 1.2))
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(values) + 1.5))
     labels = list(values)[::-1]
     bars = ax.barh(
         labels,
@@ -24,7 +25,7 @@ def bar_chart(name: str, title: str, unit: str, values: dict[str, float]) -> Pat
     )
     ax.bar_label(bars, fmt="%.2f", padding=3)
     ax.set_xlabel(unit)
-    ax.set_title(title)
+    ax.set_title(textwrap.fill(title, 80), fontsize=10)  # long titles (a link's shape) wrap
     ax.margins(x=0.15)
     fig.tight_layout()
     path = OUT / f"{name}.png"
