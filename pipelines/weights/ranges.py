@@ -127,9 +127,9 @@ def read_body(
 def direct_readinto(response: dict) -> Callable[[memoryview], int]:
     """The fastest readinto for an S3 body: http.client's own, straight from the socket.
 
-    botocore and urllib3 read through a temporary and copy it (measured: most of this fetch's
-    CPU on 2 cores). Identity-encoded bodies can be read from the underlying http.client
-    response; anything else falls back to the StreamingBody.
+    botocore and urllib3 read through a temporary and copy it (perf: 3% of a fetch's samples;
+    our process's CPU 11.8 -> 11.5 s for 4.14 GiB). Identity-encoded bodies can be read from
+    the underlying http.client response; anything else falls back to the StreamingBody.
     """
     body = response["Body"]
     raw = getattr(body, "_raw_stream", None)
