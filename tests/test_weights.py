@@ -202,6 +202,20 @@ KILLABLE_FETCH = textwrap.dedent(
 )
 
 
+def test_a_write_the_disk_refuses_fails_that_file_in_one_line_and_stores_the_rest(
+    s3, synthetic, blobs
+):
+    _, lock = synthetic
+    big = next(e for e in lock.files if e.name == BIG)
+    part = blobs.partial_file(big.sha256)
+    part.parent.mkdir(parents=True, exist_ok=True)
+    part.symlink_to("/dev/full")  # every write to it fails as on a full disk
+    with pytest.raises(FetchError) as failed:
+        fetch(s3, lock, blobs)
+    assert str(failed.value) == f"{BIG}: writing {part}: No space left on device"
+    assert blobs.missing(lock) == [big]
+
+
 def test_fetch_killed_mid_file_resumes_without_downloading_what_it_has(
     s3, synthetic, blobs, tmp_path, stack_env
 ):

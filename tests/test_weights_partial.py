@@ -4,13 +4,15 @@ cache for the rest, and a resume point that direct writes can go on from."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
-from pipelines.weights.partial import ALIGN, PartialFile, aligned_buffer
+from pipelines.weights.partial import ALIGN, PartialFile, WriteBehind, WriteError, aligned_buffer
 
 MiB = 1 << 20
 
@@ -98,3 +100,63 @@ def test_resume_point_cuts_a_length_back_to_where_direct_writes_can_go_on(folder
         assert path.stat().st_size == 0
     finally:
         partial.close()
+
+
+class GatedPartial(PartialFile):
+    """A partial file whose writes wait for a gate, and whose write at fail_at fails once as a
+    full disk would."""
+
+    def __init__(self, path: Path, fail_at: int | None = None):
+        super().__init__(path)
+        self.gate = threading.Event()
+        self.fail_at = fail_at
+        self.writers: set[str] = set()
+
+    def write(self, view: memoryview, at: int) -> None:
+        assert self.gate.wait(10), "the caller waited for a write it should have left behind"
+        self.writers.add(threading.current_thread().name)
+        if at == self.fail_at:
+            self.fail_at = None
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        super().write(view, at)
+
+
+def write_ranges(partial: PartialFile, data: bytes, size: int) -> tuple[WriteBehind, list]:
+    """Queue data in ranges of size on a WriteBehind, each from its own buffer; returns it and
+    the buffers it has released."""
+    released: list[memoryview] = []
+    writes = WriteBehind(partial, released.append)
+    for start in range(0, len(data), size):
+        buffer = aligned_buffer(size)
+        buffer[: len(data[start : start + size])] = data[start : start + size]
+        writes.write(buffer, buffer[: len(data[start : start + size])], start)
+    return writes, released
+
+
+def test_writes_go_on_behind_the_caller_in_order_and_release_every_buffer(tmp_path):
+    data = os.urandom(4 * MiB + 123)
+    partial = GatedPartial(tmp_path / "blob.part")
+    try:
+        writes, released = write_ranges(partial, data, MiB)  # returns with every write waiting
+        assert released == []
+        partial.gate.set()
+        writes.finish()
+    finally:
+        partial.close()
+    assert len(released) == 5
+    assert partial.writers and threading.current_thread().name not in partial.writers
+    assert (tmp_path / "blob.part").read_bytes() == data
+
+
+def test_a_failed_write_stops_the_writes_after_it_so_the_file_stays_a_prefix(tmp_path):
+    data = os.urandom(4 * MiB)
+    partial = GatedPartial(tmp_path / "blob.part", fail_at=2 * MiB)
+    try:
+        writes, released = write_ranges(partial, data, MiB)  # all queued before the failure
+        partial.gate.set()
+        with pytest.raises(WriteError, match=r"writing .*blob\.part: No space left on device"):
+            writes.finish()
+    finally:
+        partial.close()
+    assert len(released) == 4  # the skipped ones too: no buffer is lost to the pool
+    assert (tmp_path / "blob.part").read_bytes() == data[: 2 * MiB]

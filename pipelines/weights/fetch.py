@@ -1,8 +1,9 @@
 """Fetch locked files from S3 into a content-addressed blob store, hashing while bytes arrive.
 
 Each file is split into ranges fetched in parallel on one shared pool into reused buffers; one
-thread per file takes the ranges in order, feeds them to sha256 and appends them to the
-partial file (partial.py: direct to disk where it can). The partial file is therefore always
+thread per file takes the ranges in order and feeds them to sha256, and that file's writer
+thread appends them behind it to the partial file (partial.py: direct to disk where it can,
+in order). The partial file is therefore always
 a verified-order prefix: a killed fetch resumes from its length, reading that prefix back from
 local disk (not downloading it again) to rebuild the hash. A file is renamed into the store
 only when its sha256 matches the lock and its bytes are durable: the writer hands it to the
@@ -29,7 +30,7 @@ from pipelines.progress import Progress
 from pipelines.weights.blobs import BlobStore
 from pipelines.weights.lock import Lock, LockEntry
 from pipelines.weights.options import FetchOptions
-from pipelines.weights.partial import PartialFile, aligned_buffer
+from pipelines.weights.partial import PartialFile, WriteBehind, WriteError, aligned_buffer
 from pipelines.weights.publish import Publisher
 from pipelines.weights.s3 import S3Url
 from pipelines.weights.sources import S3Source
@@ -144,7 +145,10 @@ class Fetcher:
             part = self.blobs.partial_file(sha)
             partial = PartialFile(part)
             try:
-                actual = self._stream(source, entry, partial, partial.resume_point(entry.size))
+                try:
+                    actual = self._stream(source, entry, partial, partial.resume_point(entry.size))
+                except WriteError as err:
+                    raise FetchError(f"{entry.name}: {err}") from err
                 if actual != sha:
                     part.unlink()
                     via = "" if source.origin == "s3" else f"from {source.label}; "
@@ -175,6 +179,7 @@ class Fetcher:
         ]
         inflight: dict[int, Future] = {}
         submitted = 0
+        writes = WriteBehind(partial, self.buffers.put)
         try:
             for i, (start, _) in enumerate(ranges):
                 while submitted < len(ranges) and submitted - i < self.options.ahead:
@@ -184,10 +189,11 @@ class Fetcher:
                     submitted += 1
                 buffer, view = inflight.pop(i).result()
                 digest.update(view)
-                partial.write(view, start)
-                self.buffers.put(buffer)
+                writes.write(buffer, view, start)
+            writes.finish()
             return digest.hexdigest()
         finally:
+            writes.close()
             for future in inflight.values():
                 future.cancel()
             for future in inflight.values():

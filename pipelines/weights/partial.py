@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from pipelines.errors import PipelineError
 
 # Direct I/O's alignment (memory, offset, length) on every disk we meet: 4 KiB covers 512 B ones.
 ALIGN = 4096
@@ -27,10 +31,15 @@ def aligned_buffer(size: int) -> memoryview:
     return memoryview(mmap.mmap(-1, size))
 
 
+class WriteError(PipelineError):
+    """A partial file could not be written (a full disk, an I/O error)."""
+
+
 class PartialFile:
     """A partial blob, open to read its prefix back and to append ranges in order."""
 
     def __init__(self, path: Path):
+        self.path = path
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             self.direct = _open_direct(path)
@@ -80,6 +89,50 @@ class PartialFile:
         if self.direct is not None:
             os.close(self.direct)
             self.direct = None
+
+
+class WriteBehind:
+    """Writes a file's ranges in order on a thread of its own, so hashing the next one goes on.
+
+    A direct write blocks for the disk; done inline it stalled the file's hashing and, through
+    the range buffers it held, the downloads (measured at 10 Gbit/s, 2 runs: 11.8 s against
+    13.5 s). One thread per file keeps the writes in order, so the partial file stays a prefix
+    of the blob; after a failed write nothing more is written, and finish raises its error.
+    """
+
+    def __init__(self, partial: PartialFile, release: Callable[[memoryview], None]):
+        self.partial = partial
+        self.release = release
+        self.error: BaseException | None = None
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="write")
+
+    def write(self, buffer: memoryview, view: memoryview, at: int) -> None:
+        """Queue view (a slice of buffer) for offset at; buffer is released once written."""
+        if self.error is not None:
+            self.release(buffer)
+            raise self.error
+        self._thread.submit(self._write, buffer, view, at)
+
+    def _write(self, buffer: memoryview, view: memoryview, at: int) -> None:
+        try:
+            if self.error is None:
+                self.partial.write(view, at)
+        except OSError as err:
+            self.error = WriteError(f"writing {self.partial.path}: {err.strerror or err}")
+        except BaseException as err:
+            self.error = err
+        finally:
+            self.release(buffer)
+
+    def close(self) -> None:
+        """Wait for every queued write."""
+        self._thread.shutdown(wait=True)
+
+    def finish(self) -> None:
+        """Wait for every queued write; raise the first write's error, if any."""
+        self.close()
+        if self.error is not None:
+            raise self.error
 
 
 def _open_direct(path: Path) -> int | None:
