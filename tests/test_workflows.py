@@ -1,5 +1,6 @@
 """The GitHub workflows pass actionlint (with shellcheck) and zizmor, offline; both fail on an
-action that is not pinned by commit SHA; the README names every secret and variable they use."""
+action that is not pinned by commit SHA; the README names every secret and variable they use;
+deploy stages the Docker-host rings' weights."""
 
 from __future__ import annotations
 
@@ -116,3 +117,30 @@ def test_the_readme_table_names_every_secret_and_variable_the_workflows_use():
     used = used_names("secrets") | used_names("vars")
     assert used - listed == set(), "used by a workflow, missing from the README's table"
     assert listed - used == set(), "in the README's table, used by no workflow"
+
+
+def test_deploy_stages_the_weights_of_exactly_the_docker_host_rings():
+    """deploy.yml runs `doit stage_ring` where `doit list` names it: for the Docker-host ring,
+    not for the Kubernetes one (its Jobs stage), so a renamed task cannot silently skip it."""
+    import yaml
+
+    from pipelines.profiles import load_profile
+
+    deploy = yaml.safe_load((REPO / ".github" / "workflows" / "deploy.yml").read_text())
+    steps = deploy["jobs"]["deploy"]["steps"]
+    script = next(s["run"] for s in steps if s.get("name", "").startswith("doit stage_ring"))
+    pattern = re.search(r"grep '([^']+)'", script).group(1)
+    profiles = deploy[True]["workflow_dispatch"]["inputs"]["profile"]["options"]  # `on:`
+    staged = {}
+    for name in profiles:
+        listed = subprocess.run(
+            [str(BIN / "doit"), "list", f"profile={name}"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        staged[name] = any(re.match(pattern, line) for line in listed.splitlines())
+    expected = {name: load_profile(name).deploy == "docker" for name in profiles}
+    assert staged == expected
+    assert True in staged.values()
