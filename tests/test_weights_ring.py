@@ -438,3 +438,23 @@ def test_a_peer_serving_a_flipped_byte_is_refused_and_the_file_comes_from_anothe
     assert_only_right_blobs(roots[2], ring.lock)
     assert_only_right_blobs(roots[0], ring.lock)
     assert "done: 54 files verified" in text
+
+
+def test_a_member_whose_disk_refuses_a_peer_file_fails_it_without_blaming_the_peer(ring):
+    roots, logs = roots_and_logs(ring, "full")
+    peer_file = load_plan(ring.plan_file.read_text()).from_peers(2)[0]
+    part = roots[2] / "partial" / f"{peer_file.sha256}.part"
+    part.parent.mkdir(parents=True)
+    part.symlink_to("/dev/full")  # every write of that file fails as on a full disk
+    members = {r: start_member(ring, r, roots[r], logs[r]) for r in range(3)}
+    try:
+        assert members[2].wait(timeout=90) == 1, logs[2].read_text()
+    finally:
+        for rank in (0, 1):  # they would serve on, waiting for m2 to be done
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(members[rank].pid, signal.SIGKILL)
+            members[rank].wait()
+    text = logs[2].read_text()
+    assert f"stage_ring: {peer_file.name}: writing {part}: No space left on device" in text
+    assert "refused" not in text  # the peers served it right: none is refused for it
+    assert not status(roots[2]).get("complete")

@@ -40,6 +40,10 @@ class FetchError(PipelineError):
     """One or more files could not be fetched intact (one line per file)."""
 
 
+class LocalWriteError(FetchError):
+    """This node could not write a fetched file (a full disk): no fault of its source."""
+
+
 @dataclass
 class FetchReport:
     """What a fetch did: files fetched and reused, failures, and bytes over the network."""
@@ -148,7 +152,7 @@ class Fetcher:
                 try:
                     actual = self._stream(source, entry, partial, partial.resume_point(entry.size))
                 except WriteError as err:
-                    raise FetchError(f"{entry.name}: {err}") from err
+                    raise LocalWriteError(f"{entry.name}: {err}") from err
                 if actual != sha:
                     part.unlink()
                     via = "" if source.origin == "s3" else f"from {source.label}; "
@@ -193,12 +197,13 @@ class Fetcher:
             writes.finish()
             return digest.hexdigest()
         finally:
-            writes.close()
+            # Downloads first: on an error they stop taking the link while the writes drain.
             for future in inflight.values():
                 future.cancel()
             for future in inflight.values():
                 with contextlib.suppress(BaseException):
                     self.buffers.put(future.result()[0])
+            writes.close()
 
     def _download_range(
         self, source, entry: LockEntry, start: int, end: int

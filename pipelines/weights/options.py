@@ -10,12 +10,17 @@ MiB = 1 << 20
 
 @dataclass(frozen=True)
 class FetchOptions:
-    """Tuning of a fetch; memory held is at most files_at_once x ahead x part_size."""
+    """Tuning of a fetch; memory held is at most files_at_once x ahead x part_size.
+
+    Those buffers are shared by ranges in flight and ranges waiting to be written, so a disk
+    slower than the link holds the downloads back instead of filling memory.
+    """
 
     part_size: int = 32 * MiB
-    # Eight files at once: a file whose next range waits on a direct write to disk (partial.py)
-    # must not leave the link idle. Measured at 2.5 Gbit/s, 5 alternating runs: 17.7 s against
-    # 19.7 s with 4 files and 8 workers (s5cmd 16.7 s); at 10 Gbit/s 14.9 s against 15.7 s.
+    # Eight files at once: a file held up by a slow stretch of disk (its direct writes queue
+    # behind it, partial.py) must not leave the link idle. Measured at 2.5 Gbit/s, before the
+    # writes went behind the hash, 5 alternating runs: 17.7 s against 19.7 s with 4 files and
+    # 8 workers (s5cmd 16.7 s); at 10 Gbit/s 14.9 s against 15.7 s.
     workers: int = 16
     files_at_once: int = 8
     ahead: int = 4

@@ -31,9 +31,10 @@ from pipelines.progress import NoProgress, eta, human_bytes
 from pipelines.statcache import StatCache
 from pipelines.weights.blobs import BlobStore
 from pipelines.weights.blobserver import BlobServer
-from pipelines.weights.fetch import Fetcher
+from pipelines.weights.fetch import Fetcher, LocalWriteError
 from pipelines.weights.lock import LockEntry
 from pipelines.weights.options import FetchOptions
+from pipelines.weights.publish import PublishError
 from pipelines.weights.ringplan import S3, PlannedFile, RingPlan, load_plan
 from pipelines.weights.s3 import S3Url, s3_errors
 from pipelines.weights.sources import NotServed, PeerSource, S3Source
@@ -236,6 +237,8 @@ class Member:
             fetcher.settle(f.name, future.result())
         except NotServed:
             pending.append(f)  # gone between its status and our GET: ask again
+        except (LocalWriteError, PublishError) as err:
+            self.report.failed[f.name] = str(err)  # this disk's fault: no peer is to blame
         except PipelineError as err:
             if source == S3:
                 self.report.failed[f.name] = str(err)
