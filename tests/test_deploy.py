@@ -344,7 +344,19 @@ def test_a_refused_ssh_key_stops_the_ring_deploy_before_anything_is_touched(
     assert records(ring)[-1]["outcome"] == "refused"
 
 
-def test_ctrl_c_during_a_deploy_restores_the_previous_one(world, docker_client):
+@pytest.mark.parametrize(
+    ("sent", "reason"),
+    [
+        (signal.SIGINT, "KeyboardInterrupt"),
+        (signal.SIGTERM, "Terminated"),
+        (signal.SIGHUP, "Terminated"),
+    ],
+    ids=["ctrl-c", "sigterm", "sighup"],
+)
+def test_ctrl_c_or_a_stop_signal_during_a_deploy_restores_the_previous_one(
+    world, docker_client, sent, reason
+):
+    """Ctrl-C at a terminal; SIGTERM or SIGHUP as a cancelled CI job or a timeout sends."""
     deployed(world)
     good = member(docker_client)
     broken = derived_image(
@@ -357,9 +369,9 @@ def test_ctrl_c_during_a_deploy_restores_the_previous_one(world, docker_client):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        # Ctrl-C as at a terminal: a suite started in the background (`cmd &`, nohup) has SIGINT
-        # ignored, which its children inherit, and then Python never raises KeyboardInterrupt.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        # As at a terminal: a suite started in the background (`cmd &`, nohup) has SIGINT (and
+        # SIGHUP) ignored, which its children inherit, and then no signal reaches the deploy.
+        preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (sent, signal.SIGINT)],
     )
     # Interrupt once the new container runs: the deploy is then waiting for it to serve.
     deadline = time.monotonic() + 300
@@ -368,7 +380,7 @@ def test_ctrl_c_during_a_deploy_restores_the_previous_one(world, docker_client):
         if containers and containers[0].attrs["Config"]["Image"].endswith(broken):
             break
         time.sleep(0.2)
-    deploy.send_signal(signal.SIGINT)
+    deploy.send_signal(sent)
     try:
         out, _ = deploy.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -376,14 +388,14 @@ def test_ctrl_c_during_a_deploy_restores_the_previous_one(world, docker_client):
         # running to race the next test.
         deploy.send_signal(signal.SIGABRT)
         out, _ = deploy.communicate(timeout=60)
-        pytest.fail(f"deploy still running 120 s after Ctrl-C:\n{out}")
+        pytest.fail(f"deploy still running 120 s after {sent.name}:\n{out}")
 
     assert deploy.returncode != 0, out
     back = member(docker_client)
     assert back.id == good.id and back.status == "running"
     assert served_models(world) == [world["profile"]["model"]["served_name"]]
     last = records(world)[-1]
-    assert (last["outcome"], last["reason"]) == ("rolled back", "KeyboardInterrupt")
+    assert (last["outcome"], last["reason"]) == ("rolled back", reason)
 
 
 def test_a_missing_image_digest_is_refused_in_preflight_naming_the_member(world, docker_client):

@@ -20,6 +20,7 @@ from pipelines.deploy.records import (
     UNCHANGED,
     Records,
 )
+from pipelines.deploy.signals import restoring, terminate_as_interrupt
 from pipelines.errors import PipelineError
 from pipelines.profiles import Profile
 from pipelines.steps import Engine, Step, side_task
@@ -120,7 +121,8 @@ class Deploy:
         )
 
     def _roll_out(self, deployment: Deployment, started: float) -> list:
-        """Apply, wait, smoke; on any failure (Ctrl-C too) put the previous containers back."""
+        """Apply, wait, smoke; on any failure (Ctrl-C, SIGTERM too) put the previous containers
+        back."""
         served = self.profile.model.served_name
         changes: list = []
         try:
@@ -132,10 +134,12 @@ class Deploy:
                 print(f"deploy: smoke completion answered {text[:40]!r}")
         except BaseException as err:
             changes = changes or getattr(err, "changes", [])
-            self.backend.restore(changes, deployment.profile)
-            self._wait_restored(served)
             reason = str(err) if isinstance(err, PipelineError) else type(err).__name__
-            self._record(deployment, ROLLED_BACK, started, reason=reason)
+            with restoring():
+                self.backend.restore(changes, deployment.profile)
+                # Recorded before the wait: a kill while the old server loads loses nothing.
+                self._record(deployment, ROLLED_BACK, started, reason=reason)
+                self._wait_restored(served)
             if isinstance(err, PipelineError):
                 raise DeployError(
                     f"deploy {deployment.profile}: {err}; the previous deployment was restored"
@@ -278,7 +282,8 @@ class Deploy:
                     " yet; its manifests are rendered by `doit render`"
                 )
             try:
-                work()
+                with terminate_as_interrupt():
+                    work()
             finally:
                 self.backend.close()
 
