@@ -196,7 +196,8 @@ KILLABLE_FETCH = textwrap.dedent(
     from pipelines.weights.lock import load_lock
     lock = load_lock(Path(sys.argv[1]))
     blobs = BlobStore(sys.argv[2], StatCache(sys.argv[3]))
-    options = FetchOptions(part_size=1 << 20, workers=2, ahead=2, max_rate=4e6)
+    rate = float(sys.argv[4]) if len(sys.argv) > 4 else 4e6
+    options = FetchOptions(part_size=1 << 20, workers=2, ahead=2, max_rate=rate)
     fetch_lock(s3_client(), lock, blobs, options)
     """
 )

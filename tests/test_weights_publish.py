@@ -103,6 +103,11 @@ def test_without_durability_files_are_published_with_no_sync(s3, synthetic, blob
     assert blobs.missing(small) == []
 
 
+# The killed fetches' rate: slow enough that 20 kills never let one finish (at 4 MB/s a run of
+# long sleeps on a quiet machine did: seed 2280904949).
+RATE = 2e6
+
+
 def test_fetch_killed_at_random_points_never_leaves_a_wrong_blob_and_resumes(
     s3, synthetic, blobs, tmp_path, stack_env
 ):
@@ -114,12 +119,13 @@ def test_fetch_killed_at_random_points_never_leaves_a_wrong_blob_and_resumes(
     argv = [sys.executable, "-c", test_weights.KILLABLE_FETCH, lock_file, blobs.root]
     for kill in range(20):
         proc = subprocess.Popen(
-            [*argv, blobs.statcache.db_path],
+            [*argv, blobs.statcache.db_path, str(RATE)],
             env={**os.environ, **stack_env},
             cwd=test_weights.REPO,
         )
         # The interpreter starts in about a second: some kills land before any byte, most in
-        # the fetch; at 4 MB/s the whole model takes ~25 s, more than the 20 kills leave it.
+        # the fetch. At RATE the model (98.6 MB) takes 49 s, more than the 20 kills can leave
+        # it (48 s at most, each less the start, plus a range's worth of bytes per run).
         time.sleep(chance.uniform(0.8, 2.4))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
