@@ -2,13 +2,12 @@
 
 Each file is split into ranges fetched in parallel on one shared pool into reused buffers; one
 thread per file takes the ranges in order and feeds them to sha256, and that file's writer
-thread appends them behind it to the partial file (partial.py: direct to disk where it can,
-in order). The partial file is therefore always
-a verified-order prefix: a killed fetch resumes from its length, reading that prefix back from
-local disk (not downloading it again) to rebuild the hash. A file is renamed into the store
-only when its sha256 matches the lock and its bytes are durable: the writer hands it to the
-publisher (publish.py), which makes a whole batch durable with one filesystem sync, so no
-writer waits for the disk per file.
+thread appends them behind it, in order, to the partial file (partial.py: direct to disk where
+it can). The partial file is therefore always a verified-order prefix: a killed fetch resumes
+from its length, reading that prefix back from local disk (not downloading it again) to
+rebuild the hash. A file is renamed into the store only when its sha256 matches the lock and
+its bytes are durable: the file's thread hands it to the publisher (publish.py), which makes
+a whole batch durable with one filesystem sync, so no file waits for the disk on its own.
 
 One writer per file is deliberate: concurrent writes into one file contend on its inode lock,
 which cost more CPU than the hashing itself on 2 cores (measured).
