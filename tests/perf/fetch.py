@@ -51,6 +51,7 @@ from pipelines.weights.s3 import S3Url, s3_client  # noqa: E402
 from pipelines.weights.synthetic import SyntheticShape, model_names, upload_synthetic  # noqa: E402
 
 MiB = 1 << 20
+GiB = 1 << 30
 BIN = Path(sys.executable).parent
 
 
@@ -131,6 +132,16 @@ def own_cpu() -> float:
     """CPU seconds of this process and its waited-for children (the client under test)."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
+
+
+def unwritten_bytes() -> int:
+    """Bytes the kernel still holds for the disk (Dirty + Writeback in /proc/meminfo).
+
+    Read when a tool returns: what its clock did not pay for. s5cmd and aws return with their
+    files in the page cache; ours returns once every blob is durable.
+    """
+    fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return sum(int(fields[key].split()[0]) * 1024 for key in ("Dirty", "Writeback"))
 
 
 def sha256_rate() -> float:
@@ -218,7 +229,7 @@ def bench(args: argparse.Namespace, endpoint: str, where: str, server: int) -> N
     shape = SyntheticShape(shard_bytes=args.shard_mib * MiB, engram_bytes=args.engram_mib * MiB)
     source = f"s3://models/perf/synthetic-{args.shard_mib}-{args.engram_mib}"
     lock = ensure_model(s3_client(), source, shape)
-    print(f"model: {len(lock.files)} files, {lock.size / (1 << 30):.2f} GiB, {where}")
+    print(f"model: {len(lock.files)} files, {lock.size / GiB:.2f} GiB, {where}")
     options = FetchOptions(
         part_size=int(args.part_mib * MiB), workers=args.workers, files_at_once=args.files_at_once
     )
@@ -237,6 +248,7 @@ def bench(args: argparse.Namespace, endpoint: str, where: str, server: int) -> N
     times: dict[str, list[float]] = {name: [] for name in tools}
     # CPU seconds of the client and of the S3 server per run: on 2 cores they share one budget.
     cpu: dict[str, list[tuple[float, float]]] = {name: [] for name in tools}
+    unwritten: dict[str, list[int]] = {name: [] for name in tools}
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="fetch-bench-") as tmp:
         for run in range(args.runs):
             for name, tool in tools.items():
@@ -247,11 +259,13 @@ def bench(args: argparse.Namespace, endpoint: str, where: str, server: int) -> N
                 tool(dest)
                 took = time.perf_counter() - start
                 used = (own_cpu() - client, session_cpu(server) - served)
+                unwritten[name].append(unwritten_bytes())
                 times[name].append(took)
                 cpu[name].append(used)
                 print(
                     f"  run {run + 1} {name:30s} {took:6.2f} s, CPU client {used[0]:6.2f} s,"
-                    f" server {used[1]:6.2f} s",
+                    f" server {used[1]:6.2f} s, not yet on disk {unwritten[name][-1] / GiB:5.2f}"
+                    " GiB",
                     flush=True,
                 )
                 shutil.rmtree(dest)
@@ -261,9 +275,11 @@ def bench(args: argparse.Namespace, endpoint: str, where: str, server: int) -> N
     for name, t in medians.items():
         client = statistics.median(c for c, _ in cpu[name]) / gb
         served = statistics.median(s for _, s in cpu[name]) / gb
+        left = statistics.median(unwritten[name]) / GiB
         print(
             f"  {name:30s} {t:6.2f} s  {lock.size / t / 1e6:7.0f} MB/s"
             f"  CPU s/GB: client {client:5.2f}, server {served:5.2f}"
+            f"  not yet on disk at the end: {left:4.2f} GiB"
         )
     rate = sha256_rate()
     print(f"  sha256 on one core here: {rate / 1e6:.0f} MB/s ({1e9 / rate:.2f} CPU s/GB)")
@@ -278,7 +294,7 @@ def bench(args: argparse.Namespace, endpoint: str, where: str, server: int) -> N
         print(f"  ours without fsync / s5cmd = {lazy / medians['s5cmd cp']:.2f}")
         both = medians["s5cmd + sync + verify (2 thr)"]
         print(f"  ours / (s5cmd + sync + verify) = {ours / both:.2f} (target <= 1.0)")
-    gib = lock.size / (1 << 30)
+    gib = lock.size / GiB
     path = bar_chart(
         f"fetch-{args.link}" if args.link else "fetch",
         f"Fetch of {len(lock.files)} files, {gib:.2f} GiB, {where}"
