@@ -14,13 +14,15 @@ import pytest
 import requests
 from sim_server import Sim, make_model
 
+from pipelines.bench import needles, plots
 from pipelines.bench.client import stream_chat
 from pipelines.bench.gate import check_baseline
 from pipelines.bench.load import CellSpec, run_cell
 from pipelines.bench.needles import fit_to_length, needle_prompt, server_counter
 from pipelines.bench.probes import run_probes
 from pipelines.bench.record import Event, RequestRecord
-from pipelines.bench.run import sweep_body
+from pipelines.bench.report import write_results
+from pipelines.bench.run import cell_line, gate, sweep_body
 from pipelines.bench.sse import EventBuffer, read_chunk
 from pipelines.bench.timing import CHUNKS, CONTINUOUS, FINAL_USAGE, request_timing, summarize
 from pipelines.profiles import load_profile
@@ -200,6 +202,20 @@ def test_a_busy_server_makes_the_cell_refuse_to_start(sims):
     assert cell.records == []
 
 
+def test_a_server_whose_load_cannot_be_read_makes_the_cell_refuse_to_start(sims):
+    sim = sims(SIM_MISSING_ROUTES="/metrics")  # as SGLang without --enable-metrics
+    body = sweep_body("sim", 16, 8)
+    cell = run_cell(sim.url, CellSpec("c1", 1, 1, body, 60, warmup=0), idle_timeout=0.5)
+    why = (
+        f"cannot tell whether the server is idle: {sim.url}/metrics has none of"
+        " vllm:num_requests_running, sglang:num_running_reqs, vllm:num_requests_waiting,"
+        " sglang:num_queue_reqs"
+    )
+    assert cell.refused == why and cell.records == []
+    assert cell_line(cell) == f"c1: refused ({why})"  # the one line the bench prints
+    assert sim_truth(sim) == []  # not one request was sent
+
+
 def test_probes_pass_on_the_simulator_and_a_wrong_model_name_fails_them(sims):
     sim = sims(SIM_TTFT_S="0.01", SIM_DECODE_TOK_S="2000")
     probes = run_probes(sim.url, "sim", 131072, 30)
@@ -222,6 +238,33 @@ def test_a_needle_prompt_is_fitted_to_the_servers_token_count(sims):
     assert 3000 - 40 < fitted <= 3000  # within one filler unit below the target
 
 
+def test_no_needle_request_shares_its_opening_nonce_with_another_in_a_run_or_across_runs(
+    sims, monkeypatch
+):
+    # Without /tokenize the fit counts with one-token chat probes, which the prefix cache
+    # keeps: a probe opening like the measured prompt would make its prefill free.
+    sim = sims(SIM_TTFT_S="0.01", SIM_MISSING_ROUTES="/tokenize")
+    timeouts = []
+
+    def timed_stream_chat(base_url, body, timeout):
+        timeouts.append(timeout)
+        return stream_chat(base_url, body, timeout)
+
+    monkeypatch.setattr(needles, "stream_chat", timed_stream_chat)
+    measured = []
+    for _ in range(2):  # two `doit bench` runs: run_bench passes the same seed each time
+        requests.delete(f"{sim.url}/sim/requests", timeout=10)
+        result = needles.run_needle(sim.url, "sim", 2000, 0.5, 1.0, seed=0)
+        sent = sim_truth(sim)
+        assert result.correct and len(sent) > 3  # probes, then the measured request
+        nonces = [r["prompt_head"][:20] for r in sent]
+        assert len(set(nonces)) == len(nonces), nonces
+        assert result.prompt_tokens == sent[-1]["prompt_tokens"] <= 2000
+        measured.append(sent[-1]["prompt_head"])
+    assert measured[0] != measured[1]
+    assert set(timeouts) == {60 + 1.0 * 2000 / 1000}  # probes wait as long as the request
+
+
 BASELINE = [
     SimpleNamespace(metric="decode.c1.median_window_tok_s", value=400.0, tolerance=0.05,
                     better="higher"),
@@ -242,6 +285,24 @@ def test_the_gate_names_the_metric_that_regressed_and_by_how_much():
     assert late.startswith("decode.c1.median_ttft_ms: 345 against baseline 300 (+15.0%")
     (missing,) = check_baseline({"decode": []}, BASELINE[:1])
     assert "not measured" in missing
+
+
+def test_a_plot_that_fails_makes_the_saved_verdict_failed(tmp_path, monkeypatch):
+    def no_plots(results, folder):
+        raise OSError("No space left on device")
+
+    def results() -> dict:
+        provenance = {"profile": "local", "endpoint": "http://127.0.0.1:1"}
+        return gate({"provenance": provenance, "failures": [], "probes": [], "decode": []}, [])
+
+    data, _ = write_results(tmp_path / "plotted", results())
+    assert json.loads(data.read_text())["verdict"] == "passed"
+    monkeypatch.setattr(plots, "plot_results", no_plots)
+    data, report = write_results(tmp_path / "unplotted", results())
+    saved = json.loads(data.read_text())
+    assert saved["failures"] == ["plots: OSError: No space left on device"]
+    assert saved["verdict"] == "failed"
+    assert "verdict: **failed**" in report.read_text()
 
 
 def test_the_local_baseline_is_the_simulators_own_settings():

@@ -548,6 +548,35 @@ def test_saved_logs_are_checked_by_hand_with_a_profile_or_an_expectation():
     assert unknown.returncode == 2 and unknown.stderr.startswith("error: expectation 'RDMA'")
 
 
+# What nccl-tests prints when a collective corrupts data: #wrong by printf `%6g` (a million or
+# more in exponent form) and the footer's count of checks that found wrong values.
+CORRUPTIONS = {
+    "wrong": (
+        "328.17  328.17       0  3265.49",
+        "328.17  328.17  2.68435e+08  3265.49",
+        "fabric: results: 2.68435e+08 wrong values at 1073741824 bytes",
+    ),
+    "out-of-bounds": (
+        "# Out of bounds values : 0 OK",
+        "# Out of bounds values : 1 FAILED",
+        "fabric: error: # Out of bounds values : 1 FAILED",
+    ),
+}
+
+
+@pytest.mark.parametrize("corruption", CORRUPTIONS)
+def test_a_run_with_wrong_values_fails_the_check_naming_the_row_or_line(tmp_path, corruption):
+    real, corrupt, line = CORRUPTIONS[corruption]
+    text = fixture("nccltests-p2p.log")
+    assert text.count(real) == 1
+    log = tmp_path / "nccltests-p2p.log"
+    log.write_text(text.replace(real, corrupt))
+    command = [sys.executable, "-m", "pipelines.fabric.check", str(log), "--expect", "P2P>=200"]
+    run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert run.stdout.splitlines()[1:] == [line, "fabric: failed (P2P)"]
+
+
 # --- the Kubernetes launcher against the API double (tests/kube_api.py), not a cluster ---
 
 

@@ -6,7 +6,9 @@ serve/engine/protocol.py, generate/base/protocol.py, v1/metrics/loggers.py) with
 from a model set in the profile, and keeps the server-side truth of every request.
 
 Endpoints: GET /health, /version, /v1/models, /metrics, /sim/requests; POST
-/v1/chat/completions, /v1/completions, /tokenize; DELETE /sim/requests.
+/v1/chat/completions, /v1/completions, /tokenize; DELETE /sim/requests. SIM_MISSING_ROUTES
+(comma-separated, e.g. "/metrics,/tokenize") answers those 404, as a server without them does
+(SGLang without --enable-metrics has no /metrics).
 
 Tokenizer (exact rule): a token is a maximal run of characters that are not Unicode
 White_Space (Rust's char::is_whitespace: U+0009-U+000D, U+0020, U+0085, U+00A0, U+1680,
@@ -45,10 +47,11 @@ that times the role chunk as the first token is wrong by the whole TTFT).
 one inter-token latency per token chunk (per engine step, as vLLM does), and per request
 (last token - first token) / (tokens - 1) as vllm:request_time_per_output_token_seconds.
 
-Truth: GET /sim/requests lists, per request (newest last, at most 10000), the wall-clock
-times (time.time(), taken when the bytes were flushed to the socket) of receipt, admission,
-every chunk written as [time, cumulative completion tokens, tokens in the chunk] (0 for the
-role, empty and usage-only chunks), and finish; DELETE /sim/requests clears the list.
+Truth: GET /sim/requests lists, per request (newest last, at most 10000), the first
+PROMPT_HEAD characters of its prompt text, the wall-clock times (time.time(), taken when the
+bytes were flushed to the socket) of receipt, admission, every chunk written as [time,
+cumulative completion tokens, tokens in the chunk] (0 for the role, empty and usage-only
+chunks), and finish; DELETE /sim/requests clears the list.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ THINK_TOKENS = 16
 NATURAL_TOKENS = 64  # reply length when the request sets no limit (the model's own EOS)
 SHORT_QUESTION = 64  # arithmetic is answered only in a last user message this short
 TRUTH_KEPT = 10000
+PROMPT_HEAD = 64  # characters of each prompt kept in the truth: enough to tell nonces apart
 
 WHITESPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 SPLIT = re.compile(f"[{WHITESPACE}]+")
@@ -153,6 +157,7 @@ class Settings:
     empty_chunks: bool
     host: str
     port: int
+    missing_routes: frozenset[str] = frozenset()
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> Settings:
@@ -170,6 +175,9 @@ class Settings:
             empty_chunks=env.get("SIM_EMPTY_CHUNKS", "0").lower() in ("1", "true", "yes"),
             host=env.get("SIM_HOST", "127.0.0.1"),
             port=int(env.get("SIM_PORT", "8000")),
+            missing_routes=frozenset(
+                r.strip() for r in env.get("SIM_MISSING_ROUTES", "").split(",") if r.strip()
+            ),
         )
 
 
@@ -592,7 +600,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         s = self.engine.settings
-        if path == "/health":
+        if path in s.missing_routes:
+            self.send_json(404, {"detail": "Not Found"})
+        elif path == "/health":
             self.send_body(200, b"", "application/json")
         elif path == "/version":
             self.send_json(200, {"version": VERSION})
@@ -637,7 +647,7 @@ class Handler(BaseHTTPRequestHandler):
         }
         try:
             body = self.read_json()
-            if path not in routes:
+            if path not in routes or path in self.engine.settings.missing_routes:
                 self.send_json(404, {"detail": "Not Found"})
             elif routes[path] == "tokenize":
                 self.tokenize(body)
@@ -707,6 +717,7 @@ class Stream:
         self.record = {
             "id": self.id,
             "endpoint": kind,
+            "prompt_head": "\n".join(prompt.texts)[:PROMPT_HEAD],
             "stream": self.streaming,
             "prompt_tokens": prompt.tokens,
             "completion_tokens": 0,

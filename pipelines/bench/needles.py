@@ -1,13 +1,15 @@
 """Long-context needles: a RULER-style fact at a chosen depth in a haystack of a chosen length.
 
 The length is the server's count, not a guess: `/tokenize` (vLLM) or, failing that, the
-prompt_tokens of a one-token probe; the haystack is binary-searched to the target. A unique
-nonce opens every prompt so that no prefix cache makes a repeat cheap.
+prompt_tokens of a one-token probe; the haystack is binary-searched to the target. A fresh
+nonce opens every prompt sent, probes and the measured one alike, so that no prefix cache
+makes one cheap: not within a run, not across runs.
 """
 
 from __future__ import annotations
 
 import random
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -89,15 +91,20 @@ def run_needle(
     """Build, fit and ask one needle; the answer is scored by exact match of the value."""
     rng = random.Random(seed)
     key, value = f"needle-{rng.randrange(10**6):06d}", f"{rng.randrange(10**6, 10**7)}"
-    nonce = f"{rng.getrandbits(64):016x}"
     timeout = 60 + seconds_per_1k * target / 1000  # minutes to hours at 100k+ tokens
+
+    def build(units: int) -> str:
+        # Every call its own nonce (16 hex digits, always the same length): a probe must not
+        # warm the prefix cache for the measured prompt, nor an earlier run for this one.
+        return needle_prompt(units, key, value, secrets.token_hex(8), depth)
+
     try:
-        count = server_counter(base_url, model, 120)
-        units = fit_to_length(target, count, lambda n: needle_prompt(n, key, value, nonce, depth))
-        prompt = needle_prompt(units, key, value, nonce, depth)
-        measured = count(prompt)
+        # Probes prefill as much as the measured request: they get its timeout.
+        count = server_counter(base_url, model, timeout)
+        units = fit_to_length(target, count, build)
     except Exception as err:  # noqa: BLE001 - any failure to build the prompt fails this needle
         return NeedleResult(target, None, depth, False, None, None, f"build: {err}")
+    prompt = build(units)
     body = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
@@ -110,4 +117,5 @@ def run_needle(
     seconds = time.perf_counter() - started
     first = next((e.t for e in record.events if e.carries), None)
     correct = record.ok and value in record.content
-    return NeedleResult(target, measured, depth, correct, seconds, first, record.error)
+    # The length is the measured request's own usage: counting it again would send it twice.
+    return NeedleResult(target, record.prompt_tokens, depth, correct, seconds, first, record.error)

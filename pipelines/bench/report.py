@@ -126,7 +126,7 @@ def markdown_report(results: dict[str, Any], plots: list[str]) -> str:
 
 
 def write_results(folder: Path, results: dict[str, Any]) -> tuple[Path, Path]:
-    """results.json and report.md (with the plots) in folder; their paths."""
+    """results.json and report.md (with the plots and the final verdict) in folder; paths."""
     folder.mkdir(parents=True, exist_ok=True)
     from pipelines.bench.plots import plot_results
 
@@ -135,6 +135,8 @@ def write_results(folder: Path, results: dict[str, Any]) -> tuple[Path, Path]:
     except Exception as err:  # noqa: BLE001 - a plot that fails must not lose the numbers
         results["failures"].append(f"plots: {type(err).__name__}: {err}")
         plots = []
+    # Set here, not by the gate: a plot that failed is the last failure a run can add.
+    results["verdict"] = "failed" if results["failures"] else "passed"
     data = folder / "results.json"
     write_atomic(data, (json.dumps(results, indent=1, sort_keys=True) + "\n").encode())
     report = folder / "report.md"

@@ -1,7 +1,8 @@
 """The server's own view: its load gauges (is it idle?) and its latency histograms.
 
 vLLM and SGLang export Prometheus text at /metrics; the names below are theirs. A cell starts
-only when nothing runs or waits, and the histograms read before and after a cell give the
+only when the gauges show nothing running or waiting (without them it is refused: SGLang serves
+/metrics only with --enable-metrics), and the histograms read before and after a cell give the
 server's mean TTFT and inter-token latency for exactly that cell, beside the client's.
 """
 
@@ -50,9 +51,12 @@ def read_metrics(base_url: str) -> Metrics | None:
     if r.status != 200:
         return None
     values: dict[str, float] = {}
-    for family in text_string_to_metric_families(r.data.decode(errors="replace")):
-        for sample in family.samples:
-            values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    try:
+        for family in text_string_to_metric_families(r.data.decode(errors="replace")):
+            for sample in family.samples:
+                values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    except ValueError:  # not Prometheus text (a proxy's error page): no metrics to read
+        return None
     return Metrics(values)
 
 
@@ -67,17 +71,22 @@ def load_of(metrics: Metrics | None) -> tuple[float, float] | None:
 
 
 def wait_until_idle(base_url: str, timeout: float = 30.0) -> str | None:
-    """Wait for nothing running or waiting; None when idle (or unknowable), else why not."""
+    """Wait for nothing running or waiting; None when idle, else why the cell must not start."""
     deadline = time.monotonic() + timeout
     while True:
         load = load_of(read_metrics(base_url))
-        if load is None or load == (0.0, 0.0):
+        if load == (0.0, 0.0):
             return None
         if time.monotonic() > deadline:
-            return (
-                f"server busy: {load[0]:.0f} running, {load[1]:.0f} waiting after {timeout:.0f} s"
-            )
+            break
+        # Unreadable load is retried too: one scrape may time out while warm-up drains.
         time.sleep(0.2)
+    if load is None:
+        return (
+            f"cannot tell whether the server is idle: {base_url}/metrics has none of"
+            f" {', '.join(RUNNING + WAITING)}"
+        )
+    return f"server busy: {load[0]:.0f} running, {load[1]:.0f} waiting after {timeout:.0f} s"
 
 
 def histogram_means(before: Metrics | None, after: Metrics | None) -> dict[str, float | None]:

@@ -86,7 +86,7 @@ def failures(log: NcclLog, expect: Expectations) -> list[str]:
         lines.append(f"busbw: {measured}, expected at least {expect.min_busbw_gbs:g} GB/s")
     wrong = [r for r in log.results if r.wrong]
     if wrong:
-        lines.append(f"results: {wrong[0].wrong} wrong values at {wrong[0].size} bytes")
+        lines.append(f"results: {wrong[0].wrong:g} wrong values at {wrong[0].size} bytes")
     lines += missing_hcas(log, expect)
     return lines
 

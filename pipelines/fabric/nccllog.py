@@ -25,10 +25,12 @@ IB_DEVICE = re.compile(r"\[(?P<index>\d+)\](?P<name>[^\s:\[\]{},]+):(?P<port>\d+
 NETWORK = re.compile(r"NCCL INFO Using network (?P<net>\S+)")
 VERSION = re.compile(r"NCCL INFO NCCL version (?P<version>\S+)")
 # nccl-tests: size count type redop root, then time algbw busbw #wrong out-of-place and in-place.
+# #wrong is printf `%6g` of the count (`2.68435e+08` from a million up), or `N/A` unchecked.
+WRONG = r"N/A|\d+(?:\.\d*)?(?:e[+-]?\d+)?"
 ROW = re.compile(
     r"^\s*(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?P<root>-?\d+)"
-    r"\s+(?P<time>[\d.]+)\s+(?P<algbw>[\d.]+)\s+(?P<busbw>[\d.]+)\s+(?P<wrong>\S+)"
-    r"\s+(?P<ip_time>[\d.]+)\s+(?P<ip_algbw>[\d.]+)\s+(?P<ip_busbw>[\d.]+)\s+(?P<ip_wrong>\S+)"
+    rf"\s+(?P<time>[\d.]+)\s+(?P<algbw>[\d.]+)\s+(?P<busbw>[\d.]+)\s+(?P<wrong>{WRONG})"
+    rf"\s+(?P<ip_time>[\d.]+)\s+(?P<ip_algbw>[\d.]+)\s+(?P<ip_busbw>[\d.]+)\s+(?P<ip_wrong>{WRONG})"
 )
 AVG_BUSBW = re.compile(r"^# Avg bus bandwidth\s*:\s*(?P<value>[\d.eE+-]+)")
 # The probe: one line per size on rank 0; busbw is computed here, by nccl-tests' formula.
@@ -37,10 +39,12 @@ PROBE = re.compile(
     r" time_us=(?P<time>[\d.]+) algbw_gbs=(?P<algbw>[\d.]+) wrong=(?P<wrong>\d+)"
 )
 # What a failed or hung collective leaves: NCCL's warnings and result codes, nccl-tests' and
-# torch's failure lines, watchdog timeouts.
+# torch's failure lines (nccl-tests' footer `# Out of bounds values : 3 FAILED` counts the
+# checks that found wrong values: src/util.cu writeResultFooter), watchdog timeouts.
 ERRORS = re.compile(
     r"NCCL WARN|ncclSystemError|ncclInternalError|ncclRemoteError|ncclInvalidUsage"
     r"|unhandled system error|remote process exited|Test NCCL failure|Test failure"
+    r"|Out of bounds values\s*:\s*[1-9]\d*\s+FAILED"
     r"|DistBackendError|Watchdog caught collective operation timeout|timed out",
     re.IGNORECASE,
 )
@@ -80,7 +84,7 @@ class Result:
     size: int
     algbw: float
     busbw: float
-    wrong: int | None  # None where nccl-tests did not check (`N/A`)
+    wrong: float | None  # as nccl-tests printed it (%g); None where it did not check (`N/A`)
 
 
 @dataclass
@@ -119,9 +123,9 @@ def bus_bandwidth(algbw: float, ranks: int) -> float:
     return algbw * 2 * (ranks - 1) / ranks
 
 
-def number(text: str) -> int | None:
-    """An integer column, or None for nccl-tests' `N/A`."""
-    return int(text) if text.isdigit() else None
+def wrong_count(text: str) -> float | None:
+    """A #wrong column (`0`, `3`, `2.68435e+08`), or None for nccl-tests' `N/A`."""
+    return None if text == "N/A" else float(text)
 
 
 def parse_log(text: str, host: str = "") -> NcclLog:
@@ -157,7 +161,7 @@ def add_log(log: NcclLog, text: str, host: str = "") -> NcclLog:
             log.versions.add(m["version"])
         elif m := ROW.match(line):
             busbw = min(float(m["busbw"]), float(m["ip_busbw"]))  # the slower of the two
-            wrong = [number(m["wrong"]), number(m["ip_wrong"])]
+            wrong = [wrong_count(m["wrong"]), wrong_count(m["ip_wrong"])]
             log.results.append(
                 Result(
                     int(m["size"]),
@@ -172,7 +176,10 @@ def add_log(log: NcclLog, text: str, host: str = "") -> NcclLog:
             algbw = float(m["algbw"])
             log.results.append(
                 Result(
-                    int(m["size"]), algbw, bus_bandwidth(algbw, int(m["ranks"])), int(m["wrong"])
+                    int(m["size"]),
+                    algbw,
+                    bus_bandwidth(algbw, int(m["ranks"])),
+                    float(m["wrong"]),
                 )
             )
         if ERRORS.search(line):

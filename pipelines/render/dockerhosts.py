@@ -83,6 +83,8 @@ def sglang_command(profile: Profile, rank: int) -> list[str]:
             "--speculative-num-steps",
             str(s.speculative.num_speculative_tokens),
         ]
+    # /metrics exists only with it, and the bench reads load and latency there.
+    command.append("--enable-metrics")
     return command
 
 
