@@ -54,6 +54,18 @@ class Input(Protocol):
         """(digest, name -> file digest) of what the step reads."""
 
 
+@dataclass(frozen=True)
+class Sources:
+    """A package folder's source files as an input: a step keyed by the code that makes its
+    output (the bytecode caches beside it differ between machines, so they are left out)."""
+
+    folder: Path
+
+    def digest(self, statcache: StatCache) -> tuple[str, dict[str, str]]:
+        """(digest, relative path -> file digest) of the folder's files, bytecode excluded."""
+        return statcache.tree_listing(self.folder, exclude=("__pycache__",))
+
+
 @dataclass(frozen=True, eq=False)
 class Step:
     """One keyed unit of work: what it is made from, and the action that writes its output."""

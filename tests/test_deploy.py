@@ -3,6 +3,7 @@ the stack's engine, `:stable` in the stack's registry (under a namespace of the 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -211,6 +212,15 @@ def test_deploy_serves_the_model_moves_stable_and_a_second_deploy_restarts_nothi
     status = doit(world, "status")
     assert "doit build now: matches" in status.stdout
     assert f"member localhost: sparkforge-{NAME}-0 running on unix://" in status.stdout
+
+    # A profile edit that no document reads (the bench's gate, the description) restarts nothing.
+    bench_only = copy.deepcopy(world["profile"])
+    bench_only["description"] = "the same deployment, a stricter gate"
+    bench_only["bench"]["baseline"][0]["tolerance"] = 0.04
+    third = deploy_variant(world, bench_only)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert "deploy: nothing restarted" in third.stdout
+    assert member(docker_client).id == container.id
 
 
 def test_a_broken_image_is_rolled_back_and_stable_does_not_move(world, docker_client):

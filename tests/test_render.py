@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 import yaml
 
 from pipelines.errors import PipelineError
-from pipelines.paths import PATCH_SOURCE, PROFILES_DIR
+from pipelines.paths import PATCH_SOURCE, PROFILES_DIR, RENDER_DIR
 from pipelines.profiles import ProfileError, load_profile, parse_profile
 from pipelines.render import Render, renderer_for
 from pipelines.render.crd_schema import apply_overlay
@@ -225,6 +226,29 @@ def test_rendering_twice_is_byte_identical_and_one_change_touches_only_its_docum
     }
 
 
+def test_a_change_to_the_renderers_code_changes_the_render_key_and_bytecode_does_not(
+    tmp_path, monkeypatch
+):
+    code = tmp_path / "render"
+    shutil.copytree(RENDER_DIR, code, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr("pipelines.render.tasks.RENDER_DIR", code)
+    profile = load_profile("tp3-ring")
+
+    def key() -> str:
+        stage = render_stage(profile, tmp_path / "store")
+        return stage.engine.key(stage.step)
+
+    before = key()
+    (code / "__pycache__").mkdir()
+    (code / "__pycache__" / "kubernetes.cpython-311.pyc").write_bytes(b"bytecode of this machine")
+    assert key() == before
+    source = code / "kubernetes.py"
+    source.write_text(
+        source.read_text().replace('"NCCL_IB_TIMEOUT": "22"', '"NCCL_IB_TIMEOUT": "14"')
+    )
+    assert key() != before
+
+
 def test_tp4_ring_gives_four_launch_plans_with_the_ring_env():
     profile = load_profile("tp4-ring")
     plans = launch_plans(profile, SGLANG, ["/var/lib/sparkforge/weights/models/x"] * 4)
@@ -256,6 +280,7 @@ def test_tp4_ring_gives_four_launch_plans_with_the_ring_env():
         assert flag["--max-total-tokens"] == "8000000"
         assert flag["--mem-fraction-static"] == "0.80"
         assert flag["--chunked-prefill-size"] == "1024"
+        assert "--enable-metrics" in command  # else SGLang serves no /metrics: no idle check
         overlay = next(m for m in plan["mounts"] if m["source"].endswith("libnccl.so.2"))
         assert overlay["target"].endswith("nvidia/nccl/lib/libnccl.so.2")
 

@@ -96,8 +96,18 @@ class Deploy:
         return backend_for(self.profile, settings.docker_hosts, settings.timeout_s, settings.kube)
 
     def candidate(self) -> Deployment:
-        """The deployment `doit build` rendered last (its plans and key)."""
-        return self.backend.load(self.engine.key(self.render), self.engine.output(self.render))
+        """The deployment `doit build` rendered last (its plans, keyed by their content)."""
+        folder = self.engine.output(self.render)
+        return self.backend.load(self._documents_key(), folder)
+
+    def _documents_key(self) -> str:
+        """The digest of the documents render wrote for the current inputs.
+
+        Not the render step's key: that also covers the renderer's code and profile fields no
+        document reads (bench, description), and a member restarts when its key changes.
+        """
+        digest, _ = self.engine.store.statcache.tree_listing(self.engine.output(self.render))
+        return digest
 
     def _lock_sha256(self) -> str:
         """The sha256 of the profile's lock file."""
@@ -240,7 +250,10 @@ class Deploy:
         for line in self.backend.running(deployment):
             print(f"  {line}")
         try:
-            now = self.engine.key(self.render)
+            if not self.engine.is_done(self.render):
+                print("  doit build now: differs (not rendered yet)")
+                return
+            now = self._documents_key()
         except PipelineError as err:
             print(f"  doit build now: cannot tell ({err})")
             return

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.keys import canonical_json
-from pipelines.paths import PROFILES_DIR
+from pipelines.paths import PROFILES_DIR, PROFILES_MODULE, SCHEMA_MODULE
 from pipelines.profiles import load_profile, profile_path
 from pipelines.schema import as_data
 from pipelines.steps import Engine, Step, StepRun
@@ -27,7 +27,12 @@ def profile_step(name: str, folder: Path = PROFILES_DIR) -> Step:
         doc="validate the chosen profile and store it, keyed by its content",
         action=write_profile,
         params={"profile": name},
-        inputs={"profile": profile_path(name, folder)},
+        # The schema's code too: its defaults are written into profile.json.
+        inputs={
+            "profile": profile_path(name, folder),
+            "profile_model": PROFILES_MODULE,
+            "schema": SCHEMA_MODULE,
+        },
     )
 
 

@@ -7,11 +7,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pipelines.paths import MANIFESTS_DIR
+from pipelines.paths import MANIFESTS_DIR, PROFILES_MODULE, RENDER_DIR
 from pipelines.profiles import Profile, ProfileError
 from pipelines.render.documents import Document, RenderInputs, write_documents
 from pipelines.schema import as_data
-from pipelines.steps import Engine, Step, StepRun
+from pipelines.steps import Engine, Sources, Step, StepRun
 from pipelines.weights import ModelOutputs
 
 Renderer = Callable[[Profile, RenderInputs, list[str]], list[Document]]
@@ -117,6 +117,9 @@ class Render:
                 "templates": MANIFESTS_DIR,
                 "lock": model.lock_file,
                 "patch": model.patch_source,
+                # The code that turns the profile into documents: a change re-renders.
+                "renderer": Sources(RENDER_DIR),
+                "profile_model": PROFILES_MODULE,
             },
             after=after,
         )
