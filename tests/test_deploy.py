@@ -23,8 +23,9 @@ import requests
 import yaml
 from conftest import delete_repository
 
-from pipelines.deploy.dockerhosts import DockerHosts
-from pipelines.deploy.plan import Deployment
+from pipelines.deploy.dockerhosts import Change, DockerHosts
+from pipelines.deploy.health import DeployError
+from pipelines.deploy.plan import Deployment, Member
 from pipelines.images.registry import ACCEPT
 from pipelines.paths import PROFILES_DIR
 from pipelines.profiles import load_profile
@@ -458,6 +459,34 @@ def test_preflight_refuses_a_member_whose_folder_was_staged_from_another_lock(wo
         f"member localhost: model folder {source}: staged from lock sha256 {'f' * 64}, expected"
         f" {record['lock_sha256']} (stage the profile's lock on this host)"
     ]
+
+
+def test_a_member_that_cannot_be_reached_does_not_stop_the_others_being_restored(
+    world, stack, docker_client
+):
+    deployed(world)
+    old = member(docker_client)
+    name, aside = old.name, f"{old.name}-prev"
+    # Where an apply that failed on the next member leaves this one: old aside, new started.
+    old.rename(aside)
+    old.stop(timeout=10)
+    new = docker_client.containers.create(old.attrs["Config"]["Image"], ["sleep", "600"], name=name)
+    new.start()
+    reachable = Member(0, "localhost", stack.docker_hosts[0])
+    dropped = Member(1, "ring-b", "tcp://127.0.0.1:9")  # the discard port: nothing listens
+    backend = DockerHosts(load_profile(NAME, world["profiles"]), stack.docker_hosts, 10)
+    changes = [Change(reachable, started=name, kept=aside), Change(dropped, started=name)]
+    try:
+        with pytest.raises(DeployError) as refused:
+            backend.restore(changes, NAME)
+    finally:
+        backend.close()
+
+    assert str(refused.value).startswith("restore incomplete: member ring-b on tcp://127.0.0.1:9")
+    back = member(docker_client)
+    assert (back.id, back.status) == (old.id, "running")
+    with pytest.raises(docker.errors.NotFound):
+        docker_client.containers.get(new.id)
 
 
 def test_a_profile_asking_for_it_gets_each_members_page_cache_dropped_before_apply(world):

@@ -282,20 +282,34 @@ class DockerHosts:
         return None
 
     def restore(self, changes: list[Change], profile: str) -> None:
-        """Undo apply: remove what it started, start again what it put aside."""
+        """Undo apply on every member, even past one that cannot be reached (a host that
+        dropped is the likeliest failure); DeployError naming each member not restored."""
+        import docker.errors
+        import requests
+
+        failed = []
         for change in reversed(changes):
             if change.unchanged:
                 continue
-            client = self.client(change.member)
-            name = container_name(profile, change.member.rank)
-            started = self.find(client, name)
-            if started is not None and change.started:
-                started.remove(force=True)
-            if change.kept:
-                kept = self.find(client, change.kept)
-                if kept is not None:
-                    kept.rename(name)
-                    kept.start()
+            try:
+                self._undo(change, profile)
+            except (DeployError, docker.errors.DockerException, requests.RequestException) as err:
+                failed.append(f"member {change.member.node} on {change.member.docker}: {err}")
+        if failed:
+            raise DeployError("restore incomplete: " + "; ".join(failed))
+
+    def _undo(self, change: Change, profile: str) -> None:
+        """Remove what apply started on one member, start again what it put aside."""
+        client = self.client(change.member)
+        name = container_name(profile, change.member.rank)
+        started = self.find(client, name)
+        if started is not None and change.started:
+            started.remove(force=True)
+        if change.kept:
+            kept = self.find(client, change.kept)
+            if kept is not None:
+                kept.rename(name)
+                kept.start()
 
     def commit(self, changes: list[Change]) -> None:
         """Forget the previous containers once the new ones serve."""

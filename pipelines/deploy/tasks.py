@@ -146,7 +146,16 @@ class Deploy:
             changes = changes or getattr(err, "changes", [])
             reason = str(err) if isinstance(err, PipelineError) else type(err).__name__
             with restoring():
-                self.backend.restore(changes, deployment.profile)
+                try:
+                    self.backend.restore(changes, deployment.profile)
+                except Exception as failed:  # the record must say so, whatever went wrong
+                    self._record(
+                        deployment, ROLLED_BACK, started, reason=reason, restore=str(failed)
+                    )
+                    raise DeployError(
+                        f"deploy {deployment.profile}: {reason}; putting the previous deployment"
+                        f" back failed: {failed}"
+                    ) from None
                 # Recorded before the wait: a kill while the old server loads loses nothing.
                 self._record(deployment, ROLLED_BACK, started, reason=reason)
                 self._wait_restored(served)
@@ -176,8 +185,17 @@ class Deploy:
             return
         changes = self._roll_out(deployment, started)
         unchanged = all(change.unchanged for change in changes)
-        promoted = self.tags.promote(deployment.digest)
-        self._record(deployment, UNCHANGED if unchanged else DEPLOYED, started, stable=promoted)
+        outcome = UNCHANGED if unchanged else DEPLOYED
+        try:
+            promoted = self.tags.promote(deployment.digest)
+        except PipelineError as err:
+            # The new deployment serves and the old one is gone: the record must say it is live.
+            self._record(deployment, outcome, started, stable=f"not moved: {err}")
+            raise DeployError(
+                f"deploy {deployment.profile}: {deployment.key[:16]} serves, but :stable was"
+                f" not moved: {err}"
+            ) from None
+        self._record(deployment, outcome, started, stable=promoted)
         state = "nothing restarted" if unchanged else "deployed"
         print(f"deploy: {state} {deployment.key[:16]}; {promoted}")
         url = self.backend.endpoint(deployment)
@@ -206,7 +224,16 @@ class Deploy:
             raise DeployError(f"profile {self.profile.name}: no earlier deployment to restore")
         deployment = Deployment.from_record(self.profile.name, earlier[-1]["deployment"])
         self._roll_out(deployment, started)
-        restored = self.tags.restore_stable()
+        try:
+            restored = self.tags.restore_stable()
+        except PipelineError as err:
+            self._record(
+                deployment, RESTORED, started, stable=f"not moved: {err}", replaced=current
+            )
+            raise DeployError(
+                f"rollback {self.profile.name}: {deployment.key[:16]} serves again, but :stable"
+                f" was not moved back: {err}"
+            ) from None
         self._record(deployment, RESTORED, started, stable=restored, replaced=current)
         print(f"rollback: {deployment.key[:16]} restored; {restored}")
 
