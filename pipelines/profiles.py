@@ -232,6 +232,8 @@ class Profile(Strict, kw_only=True):
         self.docker_members_have_engines()
         self.ring_is_consistent()
         self.links_join_members()
+        self.members_are_distinct()
+        self.patched_nccl_is_mounted()
         self.attention_divides()
 
     def runtime_has_its_settings(self) -> None:
@@ -317,6 +319,31 @@ class Profile(Strict, kw_only=True):
             apart = next(m.node for m in self.members if m.node not in reached)
             raise ValueError(f"field 'members': the links do not reach {apart!r} from the others")
 
+    def members_are_distinct(self) -> None:
+        """No two members share a node, a cache claim or a Docker engine (each would render
+        documents that overwrite the other's)."""
+        for what in ("node", "claim", "docker"):
+            seen: dict[str, int] = {}
+            for rank, member in enumerate(self.members):
+                value = getattr(member, what)
+                if value is None:
+                    continue
+                if value in seen:
+                    raise ValueError(
+                        f"field 'members.{rank}.{what}': {value!r} is members.{seen[value]}'s"
+                        f" too; expected one {what} per member"
+                    )
+                seen[value] = rank
+
+    def patched_nccl_is_mounted(self) -> None:
+        """A ring that asks for the patched NCCL gets it: SGLang mounts it over the image's."""
+        asked = self.runtime == "sglang" and self.fabric and self.fabric.patched_nccl
+        if asked and self.sglang is not None and self.sglang.nccl_overlay is None:
+            raise ValueError(
+                "field 'sglang.nccl_overlay': required by fabric.patched_nccl (without it"
+                " the image's stock NCCL runs with NCCL_SWITCHLESS_RING_ONLY set)"
+            )
+
     def attention_divides(self) -> None:
         """Heads and o_groups divide by the tensor size, padded (72/9) only where needed."""
         tp = self.parallel.tensor
@@ -332,11 +359,25 @@ class Profile(Strict, kw_only=True):
             )
         if self.vllm:
             for arg in self.vllm.extra_args:
-                if arg.split("=")[0] in ("--hf-overrides", "--quantization"):
+                if option_name(arg) in BANNED_VLLM_OPTIONS:
                     raise ValueError(
                         f"field 'vllm.extra_args': {arg.split('=')[0]} must not be used (the"
                         " checkpoint declares its quantization; padding is a config patch)"
                     )
+
+
+# vLLM's own spellings of the options a profile must not pass: its parser takes '_' for '-'
+# in long options, and -q is --quantization.
+BANNED_VLLM_OPTIONS = ("--hf-overrides", "--quantization")
+VLLM_SHORT_OPTIONS = {"-q": "--quantization"}
+
+
+def option_name(arg: str) -> str:
+    """The long option an argument sets, as vLLM reads it (`--hf_overrides=x` -> --hf-overrides)."""
+    name = arg.split("=", 1)[0]
+    if name.startswith("--"):
+        return "--" + name[2:].replace("_", "-")
+    return VLLM_SHORT_OPTIONS.get(name[:2], name)
 
 
 def profile_path(name: str, folder: Path = PROFILES_DIR) -> Path:

@@ -26,6 +26,7 @@ from conftest import delete_repository
 from pipelines.deploy.dockerhosts import Change, DockerHosts
 from pipelines.deploy.health import DeployError
 from pipelines.deploy.plan import Deployment, Member
+from pipelines.deploy.preflight import nccl_disagreements
 from pipelines.images.registry import ACCEPT
 from pipelines.paths import PROFILES_DIR
 from pipelines.profiles import load_profile
@@ -551,6 +552,14 @@ def test_preflight_checks_that_every_member_mounts_the_same_patched_nccl(world, 
 def bench_results(world) -> list[Path]:
     """The bench's result folders of the test's profile, oldest first."""
     return sorted((world["store"] / "bench" / world["name"]).glob("*"))
+
+
+def test_a_pinned_nccl_hash_is_required_of_every_member_not_only_agreement():
+    same, pin = "1" * 64, "2" * 64
+    assert nccl_disagreements({"spark-1": same, "spark-2": same}) == []
+    assert nccl_disagreements({"spark-1": same, "spark-2": pin}, pin) == [
+        f"member spark-1: NCCL library sha256 {same}, expected {pin} (sglang.nccl_overlay.sha256)"
+    ]
 
 
 def test_bench_after_deploy_writes_results_report_and_plots_and_passes_the_gate(world):

@@ -131,7 +131,33 @@ REFUSED_AT_LOAD = {
         "field 'vllm.extra_args': --quantization must not be used",
     ),
     "no hygiene section": (("hygiene: {", "unused: {"), "unknown field 'unused'"),
+    "--hf-overrides in vLLM's underscore spelling": (
+        ("- --enable-auto-tool-choice", "- --hf_overrides={}"),
+        "field 'vllm.extra_args': --hf_overrides must not be used",
+    ),
+    "--quantization as -q": (
+        ("- --enable-auto-tool-choice", "- -q=exl3"),
+        "field 'vllm.extra_args': -q must not be used",
+    ),
+    "two members claiming one cache": (
+        ("claim: dsv41-cache-spark-2}", "claim: dsv41-cache-spark-1}"),
+        "field 'members.1.claim': 'dsv41-cache-spark-1' is members.0's too",
+    ),
+    "two members on one node": (
+        ("{node: spark-2,", "{node: spark-1,"),
+        "field 'members.1.node': 'spark-1' is members.0's too",
+    ),
 }
+
+
+def test_a_four_node_ring_asking_for_the_patched_nccl_must_mount_it(tmp_path):
+    text = (PROFILES_DIR / "tp4-ring.yaml").read_text()
+    overlay = text.index("  nccl_overlay:")
+    end = text.index("\n", text.index("container_path:", overlay))
+    (tmp_path / "tp4-ring.yaml").write_text(text[:overlay] + text[end + 1 :])
+    with pytest.raises(ProfileError) as err:
+        load_profile("tp4-ring", tmp_path)
+    assert "field 'sglang.nccl_overlay': required by fabric.patched_nccl" in str(err.value)
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED_AT_LOAD))

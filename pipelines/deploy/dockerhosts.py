@@ -152,7 +152,8 @@ class DockerHosts:
             found += [f"member {member.node}: {line}" for line in problems]
             if nccl_sha:
                 nccl[member.node] = nccl_sha
-        return found + preflight.nccl_disagreements(nccl)
+        overlay = self.profile.sglang.nccl_overlay if self.profile.sglang else None
+        return found + preflight.nccl_disagreements(nccl, overlay.sha256 if overlay else None)
 
     def pull(self, client, member: Member, image: str) -> None:
         """Have the member's engine hold the image (pulled by digest when missing)."""

@@ -97,9 +97,16 @@ def read_answer(output: bytes) -> tuple[list[str], str | None]:
     return answer["problems"], answer["nccl_sha256"]
 
 
-def nccl_disagreements(hashes: dict[str, str]) -> list[str]:
-    """One line per member whose NCCL library differs from rank 0's (every member must run
-    the same NCCL build, pinned by its file hash)."""
+def nccl_disagreements(hashes: dict[str, str], pinned: str | None = None) -> list[str]:
+    """One line per member whose NCCL library differs from the profile's pin, or without a pin
+    from rank 0's (every member must run the same NCCL build)."""
+    if pinned:
+        return [
+            f"member {node}: NCCL library sha256 {digest}, expected {pinned}"
+            " (sglang.nccl_overlay.sha256)"
+            for node, digest in hashes.items()
+            if digest != pinned
+        ]
     if len(set(hashes.values())) <= 1:
         return []
     (first, reference), *rest = hashes.items()

@@ -71,6 +71,11 @@ def render_template(env: jinja2.Environment, name: str, context: dict) -> list[d
 
 
 def write_documents(docs: list[Document], folder: Path) -> None:
-    """Write each document to its file (the store makes the folder appear whole)."""
+    """Write each document to its file (the store makes the folder appear whole); two
+    documents for one file are refused, since the second would replace the first unseen."""
+    names = [doc.file for doc in docs]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise RenderError(f"render: two documents for {', '.join(twice)}; expected one each")
     for doc in docs:
         (folder / doc.file).write_text(doc.text())
