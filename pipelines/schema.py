@@ -18,7 +18,28 @@ from pipelines.errors import PipelineError
 
 M = TypeVar("M", bound="Strict")
 # libyaml's parser where PyYAML was built with it: a 54-file lock parses ~10x faster.
-SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class SAFE_LOADER(FAST_LOADER):  # noqa: N801 - the loader's name where yaml.load is called
+    """The safe loader, refusing a key given twice in one mapping (YAML keeps the last, so a
+    repeated field would silently win over the one a reader sees first)."""
+
+    def construct_mapping(self, node, deep=False):
+        """The mapping, or a ConstructorError at the second occurrence of a key."""
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice", key_node.start_mark
+                )
+            seen.add(key if isinstance(key, str) else id(key_node))
+        return super().construct_mapping(node, deep)
+
+
+# msgspec names no key inside a dict: "$.env[...]".
+MAPPING_KEY = "[...]"
 # msgspec's messages end with where: "... - at `$.members[1].node`".
 WHERE = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]*)`$")
@@ -50,6 +71,10 @@ def load_yaml_model(path: Path, model: type[M], error: type[PipelineError] = Pip
         data = yaml.load(path.read_text(), Loader=SAFE_LOADER)
     except FileNotFoundError:
         raise error(f"{path}: file not found") from None
+    except UnicodeDecodeError as err:
+        raise error(
+            f"{path}: not UTF-8 text: byte {err.start} is {err.object[err.start]:#04x}"
+        ) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}:" if mark else ""
@@ -59,13 +84,14 @@ def load_yaml_model(path: Path, model: type[M], error: type[PipelineError] = Pip
     try:
         return validate(data, model)
     except msgspec.ValidationError as err:
-        raise error(f"{path}: {describe_error(str(err), model)}") from None
+        raise error(f"{path}: {describe_error(str(err), model, data)}") from None
 
 
-def describe_error(message: str, model: type[Strict]) -> str:
+def describe_error(message: str, model: type[Strict], data: Any = None) -> str:
     """msgspec's error as 'field X: what was expected', the field dotted from the top."""
     match = WHERE.match(message)
     what, loc = match["what"], parse_path(match["path"] or "")
+    loc = name_mapping_keys(loc, what, data)
     if unknown := UNKNOWN.match(what):
         name = unknown["name"]
         allowed = sorted(fields_at(model, loc))
@@ -83,8 +109,32 @@ def describe_error(message: str, model: type[Strict]) -> str:
 
 
 def parse_path(path: str) -> list[str | int]:
-    """msgspec's '.members[1].node' as ['members', 1, 'node']."""
-    return [int(i) if i else name for name, i in re.findall(r"\.([^.\[]+)|\[(\d+)\]", path)]
+    """msgspec's '.members[1].node' as ['members', 1, 'node'] ('.env[...]': ['env', '[...]'])."""
+    found = re.findall(r"\.([^.\[]+)|\[(\d+)\]|(\[\.\.\.\])", path)
+    return [int(i) if i else name or key for name, i, key in found]
+
+
+# msgspec's type names in "got `int`", and the Python types of parsed YAML they stand for.
+GOT_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "null": type(None),
+             "array": list, "object": dict}  # fmt: skip
+
+
+def name_mapping_keys(loc: list[str | int], what: str, data: Any) -> list[str | int]:
+    """loc with each unnamed mapping key replaced by the first key whose value is of the type
+    msgspec says it got (the only one, where one value is wrong)."""
+    got = re.search(r"got `(\w+)`", what)
+    named: list[str | int] = []
+    node = data
+    for part in loc:
+        if part == MAPPING_KEY and isinstance(node, dict) and got and got[1] in GOT_TYPES:
+            wanted = GOT_TYPES[got[1]]
+            part = next((k for k, v in node.items() if type(v) is wanted), part)
+        named.append(part)
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            node = None
+    return named
 
 
 def dotted(loc: list[str | int]) -> str:

@@ -51,6 +51,26 @@ def test_misspelled_field_is_one_line_naming_file_field_and_expected(tmp_path):
     assert "did you mean 'rdma_resource'" in message
 
 
+def test_a_wrong_value_in_a_mapping_names_its_key(tmp_path):
+    folder = copy_profile(tmp_path, "tp3-ring", 'MAX_JOBS: "1"', "MAX_JOBS: 1")
+    with pytest.raises(ProfileError, match=r"field 'env.MAX_JOBS': expected `str`, got `int`$"):
+        load_profile("tp3-ring", folder)
+
+
+def test_a_field_given_twice_is_refused_naming_its_line(tmp_path):
+    folder = copy_profile(tmp_path, "tp3-ring", "  mtu: 9000\n", "  mtu: 9000\n  mtu: 1500\n")
+    with pytest.raises(ProfileError, match=r"line \d+: not valid YAML: key 'mtu' given twice$"):
+        load_profile("tp3-ring", folder)
+
+
+def test_a_profile_that_is_not_utf8_is_one_line(tmp_path):
+    path = tmp_path / "tp3-ring.yaml"
+    path.write_bytes((PROFILES_DIR / "tp3-ring.yaml").read_bytes() + b"# \xff\n")
+    folder = tmp_path
+    with pytest.raises(ProfileError, match=r"tp3-ring.yaml: not UTF-8 text: byte \d+ is 0xff$"):
+        load_profile("tp3-ring", folder)
+
+
 def test_out_of_range_value_names_the_field(tmp_path):
     folder = copy_profile(
         tmp_path, "tp3-ring", "gpu_memory_utilization: 0.78", "gpu_memory_utilization: 1.5"
