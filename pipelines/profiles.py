@@ -196,7 +196,7 @@ class Hygiene(Strict):
 
     swap_off: bool
     drop_page_cache: bool
-    min_free_kbytes: Annotated[int, Meta(ge=0)]
+    min_free_kbytes: Annotated[int, Meta(ge=0)]  # 0: the host's own setting is left as it is
 
 
 class Profile(Strict, kw_only=True):

@@ -177,8 +177,8 @@ class DockerHosts:
         changes: list[Change] = []
         try:
             hygiene = self.profile.hygiene
-            if hygiene and hygiene.drop_page_cache:
-                self._drop_page_caches(deployment)
+            if hygiene and (hygiene.drop_page_cache or hygiene.min_free_kbytes):
+                self._prepare_hosts(deployment, hygiene.drop_page_cache, hygiene.min_free_kbytes)
             for member, plan in deployment.members():
                 self._apply_member(deployment, member, plan, changes)
         except BaseException as err:
@@ -186,22 +186,31 @@ class DockerHosts:
             raise
         return changes
 
-    def _drop_page_caches(self, deployment: Deployment) -> None:
-        """Drop each member host's page cache before its runtime starts, so the model loads
-        into memory the runtime can have (a throwaway container of the image, allowed exactly
-        that: CAP_SYS_ADMIN and a writable /proc/sys, not --privileged)."""
+    def _prepare_hosts(self, deployment: Deployment, drop: bool, min_free_kbytes: int) -> None:
+        """Node hygiene on each member host before its runtime starts: the page cache dropped,
+        so the model loads into memory the runtime can have, and vm.min_free_kbytes raised (a
+        throwaway container of the image, allowed exactly that: CAP_SYS_ADMIN and a writable
+        /proc/sys, not --privileged; vm sysctls are the host's, not namespaced)."""
         import docker.errors
         import requests
 
+        steps, done = [], []
+        if drop:
+            steps.append("sync && echo 3 > /proc/sys/vm/drop_caches")
+            done.append("page cache dropped")
+        if min_free_kbytes:
+            steps.append(f"echo {min_free_kbytes} > /proc/sys/vm/min_free_kbytes")
+            done.append(f"vm.min_free_kbytes={min_free_kbytes}")
         for member, plan in deployment.members():
             api = self.client(member).api
+            what = f"member {member.node}: node hygiene ({', '.join(done)}) on {member.docker}"
             try:
                 # /proc/sys writable: what the CLI's --security-opt systempaths=unconfined does.
                 host_config = api.create_host_config(cap_add=["SYS_ADMIN"], network_mode="none")
                 host_config.update({"MaskedPaths": [], "ReadonlyPaths": []})
                 created = api.create_container(
                     plan["image"],
-                    ["sh", "-c", "sync && echo 3 > /proc/sys/vm/drop_caches"],
+                    ["sh", "-c", " && ".join(steps)],
                     entrypoint=[],
                     host_config=host_config,
                 )
@@ -212,15 +221,10 @@ class DockerHosts:
                 finally:
                     api.remove_container(created["Id"], force=True)
                 if code != 0:
-                    raise DeployError(
-                        f"member {member.node}: dropping the page cache on {member.docker}"
-                        f" exited {code}: {tail}"
-                    )
+                    raise DeployError(f"{what} exited {code}: {tail}")
             except (docker.errors.DockerException, requests.RequestException) as err:
-                raise DeployError(
-                    f"member {member.node}: dropping the page cache on {member.docker}: {err}"
-                ) from None
-            print(f"deploy: page cache dropped on member {member.node}")
+                raise DeployError(f"{what}: {err}") from None
+            print(f"deploy: {', '.join(done)} on member {member.node}")
 
     def _apply_member(
         self, deployment: Deployment, member: Member, plan: dict, changes: list[Change]
