@@ -7,6 +7,7 @@ import threading
 import time
 from typing import TextIO
 
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -58,6 +59,9 @@ class Progress:
                 DownloadColumn(binary_units=True),
                 TransferSpeedColumn(),
                 TimeRemainingColumn(),
+                # The stream that was found to be a terminal: rich's default is stdout, which a
+                # `| tee log` makes a pipe while the terminal shows nothing.
+                console=Console(file=stream),
                 transient=False,
             )
             self._tasks = {None: self._rich.add_task(label, total=total)}

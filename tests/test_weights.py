@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import http.server
 import json
 import os
+import pty
 import signal
 import socket
 import subprocess
@@ -28,6 +30,7 @@ from pipelines.errors import PipelineError
 from pipelines.progress import NoProgress
 from pipelines.schema import as_data, replace
 from pipelines.statcache import StatCache
+from pipelines.weights import bucket as bucket_module
 from pipelines.weights import fetch as fetch_module
 from pipelines.weights import ranges as ranges_module
 from pipelines.weights.blobs import BlobStore
@@ -35,6 +38,7 @@ from pipelines.weights.bucket import hash_bucket
 from pipelines.weights.fetch import FetchError, RateLimiter, fetch_lock
 from pipelines.weights.lock import (
     Lock,
+    LockEntry,
     LockError,
     cache_key,
     load_lock,
@@ -43,8 +47,9 @@ from pipelines.weights.lock import (
 )
 from pipelines.weights.options import FetchOptions
 from pipelines.weights.patch import PatchError, patch_tp3, patch_tp3_folder
-from pipelines.weights.ranges import direct_readinto, fill
+from pipelines.weights.ranges import RangeError, direct_readinto, fill
 from pipelines.weights.s3 import CLIENT_CONFIG, S3Url
+from pipelines.weights.sources import S3Source
 from pipelines.weights.stage import is_staged, stage, stage_plan
 from pipelines.weights.synthetic import (
     SyntheticShape,
@@ -493,6 +498,26 @@ def test_objects_missing_from_the_bucket_fail_one_line_each_and_the_rest_is_fetc
     assert blobs.missing(mixed) == gone
 
 
+def test_a_local_file_error_fails_its_file_in_one_line_beside_the_others_failures(
+    s3, synthetic, blobs
+):
+    source, lock = synthetic
+    small = [e for e in lock.files if e.name.startswith("model-0000")][:3]
+    blocked, gone = small[0], replace(small[1], name="gone.safetensors")
+    part = blobs.partial_file(blocked.sha256)
+    part.mkdir()  # opening it fails with IsADirectoryError, as EACCES or EIO would
+    mixed = Lock(model=lock.model, source=source, files=[blocked, gone, small[2]])
+    with pytest.raises(FetchError) as err:
+        fetch(s3, mixed, blobs, files_at_once=1)
+    assert sorted(str(err.value).split("\n")) == sorted(
+        [
+            f"{blocked.name}: [Errno 21] Is a directory: '{part}'",
+            f"{S3Url.parse(source).key(gone.name)}: S3 said NoSuchKey",
+        ]
+    )
+    assert blobs.missing(mixed) == [blocked, gone]
+
+
 def test_a_missing_object_of_many_ranges_fails_in_one_line(s3, synthetic, blobs):
     source, lock = synthetic
     gone = replace(lock.entry(BIG), name="gone.safetensors")
@@ -691,9 +716,36 @@ def test_ctrl_c_during_a_fetch_raises_keyboardinterrupt_and_the_next_fetch_compl
             fetch_lock(s3, one, blobs, options, progress_factory=InterruptingProgress)
     finally:
         signal.signal(signal.SIGINT, previous)
+    have = blobs.partial_file(entry.sha256).stat().st_size
+    assert have > 0  # the ranges verified before Ctrl-C are kept to resume from
     report = fetch(s3, one, blobs, part_size=1 << 20)
     assert blobs.is_intact(entry.sha256, entry.size)
-    assert report.read_back + report.downloaded <= entry.size  # what it had came not again
+    assert report.read_back == have
+    assert report.downloaded == entry.size - have  # what it had came not again
+
+
+def test_ctrl_c_while_a_large_prefix_is_read_back_stops_without_reading_it_all(
+    s3, synthetic, blobs
+):
+    source, lock = synthetic
+    entry = replace(lock.entry(BIG), name="big.safetensors", size=1 << 30, sha256="1" * 64)
+    part = blobs.partial_file(entry.sha256)
+    with open(part, "wb") as f:
+        f.truncate(entry.size - (1 << 20))  # a sparse 1 GiB prefix: about a second to hash
+    fetcher = fetch_module.Fetcher(
+        S3Source(s3, S3Url.parse(source)),
+        blobs,
+        FetchOptions(part_size=1 << 20, files_at_once=1),
+        InterruptingProgress(),
+    )
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            fetcher.fetch([entry])  # Ctrl-C at the first megabyte read back
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert fetcher.report.read_back < entry.size // 4
+    assert part.stat().st_size == entry.size - (1 << 20)  # kept, to resume from
 
 
 def test_a_partial_file_that_is_already_whole_is_stored_without_downloading(s3, synthetic, blobs):
@@ -750,3 +802,134 @@ def test_files_are_fetched_at_the_same_time(s3, synthetic, blobs):
     report = fetch_lock(s3, two, blobs, options, progress_factory=progress)
     assert sorted(report.fetched) == sorted(e.name for e in two.files)
     assert not made[0].gave_up
+
+
+# --- answers that are not what was asked: the whole object, a replaced one, no endpoint -------
+
+
+class WholeBody(http.server.BaseHTTPRequestHandler):
+    """An endpoint (or proxy) that ignores Range: every GET gets 200 and the whole object."""
+
+    body = b""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.send_header("ETag", f'"{hashlib.md5(self.body).hexdigest()}"')
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def client_for(endpoint: str, max_attempts: int = 5):
+    """A boto3 client as the pipeline configures one, for endpoint, with test keys."""
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+        config=botocore.config.Config(
+            **{**CLIENT_CONFIG, "retries": {"max_attempts": max_attempts, "mode": "standard"}}
+        ),
+    )
+
+
+def test_an_endpoint_that_ignores_range_fails_in_one_line_and_nothing_is_locked_or_stored(
+    blobs, monkeypatch
+):
+    data = os.urandom(3 << 20)
+    handler = type("Handler", (WholeBody,), {"body": data})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = client_for(f"http://127.0.0.1:{server.server_port}")
+        url = S3Url.parse("s3://models/ignores-range/m")
+        entry = LockEntry(name="w.bin", size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        lock = Lock(model="m", source="s3://models/ignores-range/m", files=[entry])
+        expected = (
+            "ignores-range/m/w.bin: asked for bytes 0-1048575/3145728, S3 answered HTTP 200"
+            " with Content-Range None"
+        )
+        with pytest.raises(FetchError) as err:
+            fetch(client, lock, blobs, part_size=1 << 20)
+        assert str(err.value) == expected
+        assert blobs.missing(lock) == [entry]
+        monkeypatch.setattr(bucket_module, "RANGE", 1 << 20)  # hash_bucket's, scaled down
+        listed = {"size": len(data), "etag": "x"}
+        with pytest.raises(RangeError) as err:
+            bucket_module.hash_object(client, url, "w.bin", listed, NoProgress())
+        assert str(err.value) == expected
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_unreachable_endpoint_stops_the_fetch_in_one_line_naming_it(synthetic, blobs):
+    _, lock = synthetic
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]  # nothing listens there once it is closed
+    started = time.monotonic()
+    with pytest.raises(FetchError) as err:
+        fetch(client_for(f"http://127.0.0.1:{port}", max_attempts=2), lock, blobs)
+    assert str(err.value) == f"S3 endpoint http://127.0.0.1:{port}: unreachable" + (
+        " (EndpointConnectionError)"
+    )
+    assert time.monotonic() - started < 30
+    assert os.listdir(blobs.blobs) == []
+
+
+def test_an_object_replaced_while_it_is_locked_fails_in_one_line(s3, monkeypatch):
+    # Of one size: the range's Content-Range cannot tell them apart, only the ETag can.
+    old, new = os.urandom(3 << 20), os.urandom(3 << 20)
+    listed = bucket_module.list_objects
+
+    def replaced_after_listing(client, url: S3Url) -> dict[str, dict]:
+        objects = listed(client, url)
+        client.put_object(Bucket=url.bucket, Key=url.key("w.bin"), Body=new)
+        return objects
+
+    monkeypatch.setattr(bucket_module, "list_objects", replaced_after_listing)
+    with fresh_source(s3, "replaced") as source:
+        url = S3Url.parse(source)
+        etag = s3.put_object(Bucket=url.bucket, Key=url.key("w.bin"), Body=old)["ETag"].strip('"')
+        with pytest.raises(RangeError) as err:
+            hash_bucket(s3, "m", source, previous=None)
+    key = url.key("w.bin")
+    assert str(err.value) == f"{key}: replaced while it was read (its ETag is no longer {etag})"
+
+
+PROGRESS = textwrap.dedent(
+    """
+    from pipelines.progress import Progress
+    p = Progress("fetch m", 100 << 20, {"big": 100 << 20}, interval=0.1)
+    for i in range(10):
+        p.advance("big", 10 << 20)
+    p.close()
+    """
+)
+
+
+def test_the_live_progress_goes_to_the_terminal_it_checked_when_stdout_is_a_log(tmp_path):
+    """`doit build | tee log`: stderr is the terminal, stdout a pipe or file."""
+    terminal, side = pty.openpty()
+    log = tmp_path / "log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", PROGRESS],
+            stdout=out,
+            stderr=side,
+            cwd=REPO,
+            env={**os.environ, "TERM": "xterm"},
+        )
+        os.close(side)
+        shown = b""
+        with contextlib.suppress(OSError):  # EIO once the child has closed its side
+            while chunk := os.read(terminal, 65536):
+                shown += chunk
+        proc.wait()
+    os.close(terminal)
+    assert log.read_bytes() == b""
+    assert b"fetch m" in shown and b"100.0/100.0 MiB" in shown

@@ -7,6 +7,8 @@ import ctypes
 import errno
 import mmap
 import os
+import shutil
+import tempfile
 import threading
 from pathlib import Path
 
@@ -100,6 +102,53 @@ def test_resume_point_cuts_a_length_back_to_where_direct_writes_can_go_on(folder
         assert path.stat().st_size == 0
     finally:
         partial.close()
+
+
+def test_a_part_file_left_read_only_by_a_killed_publish_is_resumed(tmp_path):
+    """publish_many makes a file read-only, then renames it: a kill in between must not leave a
+    part file that a fetch not run as root can never open again."""
+    # As root, a folder outside pytest's (whose parents only root may enter) for nobody to use.
+    folder = Path(tempfile.mkdtemp(prefix="partial-")) if os.geteuid() == 0 else tmp_path
+    path = folder / "blob.part"
+    path.write_bytes(b"a" * ALIGN)
+    path.chmod(0o444)
+    if os.geteuid() == 0:  # root opens anything: resume as nobody, as a fetch node's user would
+        os.chown(folder, NOBODY, NOBODY)
+        os.chown(path, NOBODY, NOBODY)
+        read, write = os.pipe()
+        if (pid := os.fork()) == 0:
+            os.close(read)
+            try:
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                resume(path)
+                os._exit(0)
+            except BaseException as err:
+                os.write(write, repr(err).encode())
+                os._exit(1)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            error = pipe.read().decode()
+        os.waitpid(pid, 0)
+        shutil.rmtree(folder)
+        assert error == ""
+    else:
+        resume(path)
+
+
+NOBODY = 65534
+
+
+def resume(path: Path) -> None:
+    """Open a part file, go on from its prefix, and check its bytes and its mode."""
+    partial = PartialFile(path)
+    try:
+        assert partial.resume_point(2 * ALIGN) == ALIGN
+        partial.write(memoryview(b"b" * ALIGN), ALIGN)
+    finally:
+        partial.close()
+    assert path.read_bytes() == b"a" * ALIGN + b"b" * ALIGN
+    assert path.stat().st_mode & 0o777 == 0o644
 
 
 class GatedPartial(PartialFile):

@@ -78,9 +78,12 @@ def test_a_failed_sync_publishes_nothing_of_its_batch_and_the_next_fetch_complet
     monkeypatch.setattr(publish_module, "sync_files", failing)
     with pytest.raises(FetchError) as err:
         fetch(s3, shards, blobs)
-    assert sorted(str(err.value).split("\n")) == sorted(
-        f"{e.name}: not stored: [Errno 5] syncfs: Input/output error" for e in shards.files
-    )
+    # The batch that heard of the error, then (no sync trusted again) every later batch.
+    heard = "[Errno 5] syncfs: Input/output error"
+    lines = dict(line.split(": not stored: ", 1) for line in str(err.value).split("\n"))
+    assert sorted(lines) == sorted(e.name for e in shards.files)
+    assert set(lines.values()) <= {heard, f"an earlier sync of this fetch failed ({heard})"}
+    assert len(failing.calls) == 1
     assert os.listdir(blobs.blobs) == []
     # Bytes that may not have reached the disk are not trusted as a prefix to resume from.
     assert not any(blobs.partial_file(e.sha256).exists() for e in shards.files)
@@ -89,6 +92,37 @@ def test_a_failed_sync_publishes_nothing_of_its_batch_and_the_next_fetch_complet
     report = fetch(s3, shards, blobs)
     assert report.downloaded == sum(e.size for e in shards.files)
     assert blobs.missing(shards) == []
+
+
+def test_after_a_failed_sync_a_file_handed_over_later_is_not_published(blobs, monkeypatch):
+    """syncfs reports a writeback error once, for the whole filesystem: the file whose bytes
+    failed may be one handed over after the batch that heard of it, and its own sync succeeds."""
+    failures = [OSError(errno.EIO, "syncfs: Input/output error")]
+
+    def fails_once(anchor_fd: int, paths: list[Path]) -> None:
+        if failures:
+            raise failures.pop()
+        sync_files(anchor_fd, paths)
+
+    monkeypatch.setattr(publish_module, "sync_files", fails_once)
+    publisher = publish_module.Publisher(blobs, durable=True)
+    outcomes = {}
+    for name, data in (("a.bin", b"first"), ("b.bin", b"second")):
+        sha = hashlib.sha256(data).hexdigest()
+        writer = blobs.writer(sha)
+        part = blobs.partial_file(sha)
+        part.write_bytes(data)
+        outcomes[name] = (publisher.submit(name, part, sha, writer), part)
+        with pytest.raises(publish_module.PublishError) as err:
+            outcomes[name][0].result(timeout=10)  # one batch each: b comes after a failed
+    publisher.close()
+    assert failures == []
+    assert str(err.value) == (
+        "b.bin: not stored: an earlier sync of this fetch failed"
+        " ([Errno 5] syncfs: Input/output error)"
+    )
+    assert os.listdir(blobs.blobs) == []
+    assert not any(part.exists() for _, part in outcomes.values())
 
 
 def test_without_durability_files_are_published_with_no_sync(s3, synthetic, blobs, monkeypatch):

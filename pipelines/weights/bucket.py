@@ -27,17 +27,19 @@ def list_objects(client, url: S3Url) -> dict[str, dict]:
     return found
 
 
-def hash_object(client, url: S3Url, name: str, size: int, progress: Progress) -> tuple[str, str]:
-    """(sha256, md5) of one object, computed while it streams in ranges.
+def hash_object(client, url: S3Url, name: str, listed: dict, progress: Progress) -> tuple[str, str]:
+    """(sha256, md5) of one object as listed (size, ETag), computed while it streams in ranges.
 
     A range that breaks is fetched again before it is hashed, so a dropped connection on a
-    101 GB shard costs one range, not the whole object.
+    101 GB shard costs one range, not the whole object. Every range must come from the listed
+    object (If-Match its ETag): one replaced meanwhile would lock its old size and new bytes.
     """
+    size = listed["size"]
     sha, md5 = hashlib.sha256(), hashlib.md5()
     buffer = bytearray(min(RANGE, size))
     for start in range(0, size, RANGE):
         view = memoryview(buffer)[: min(RANGE, size - start)]
-        read_range(client, url, name, start, view)
+        read_range(client, url, name, start, view, size, etag=listed["etag"])
         sha.update(view)
         md5.update(view)
         progress.advance(name, len(view))
@@ -73,8 +75,7 @@ def hash_bucket(client, model: str, source: str, previous: Lock | None, workers:
     progress = Progress(f"lock {model}", total, big)
     try:
         with ThreadPoolExecutor(workers) as pool:
-            sizes = [objects[n]["size"] for n in names]
-            hashed = pool.map(lambda n, z: hash_object(client, url, n, z, progress), names, sizes)
+            hashed = pool.map(lambda n: hash_object(client, url, n, objects[n], progress), names)
             digests = dict(zip(names, hashed, strict=True))
     finally:
         progress.close()

@@ -31,6 +31,7 @@ from pipelines.weights.lock import Lock, LockEntry
 from pipelines.weights.options import FetchOptions
 from pipelines.weights.partial import PartialFile, WriteBehind, WriteError, aligned_buffer
 from pipelines.weights.publish import Publisher
+from pipelines.weights.ranges import SourceDown, Stopped
 from pipelines.weights.s3 import S3Url
 from pipelines.weights.sources import S3Source
 
@@ -40,7 +41,7 @@ class FetchError(PipelineError):
 
 
 class LocalWriteError(FetchError):
-    """This node could not write a fetched file (a full disk): no fault of its source."""
+    """This node could not write or read a fetched file (a full disk, EACCES): not its source's."""
 
 
 @dataclass
@@ -53,6 +54,7 @@ class FetchReport:
     downloaded: int = 0
     read_back: int = 0
     by_origin: dict[str, int] = field(default_factory=dict)  # downloaded, per kind of source
+    halted: str | None = None  # why the whole fetch stopped (its source down), said once
 
 
 class RateLimiter:
@@ -121,6 +123,9 @@ class Fetcher:
         for name, outcome in outcomes.items():
             try:
                 self.settle(name, outcome.result())
+            except (Stopped, SourceDown) as err:
+                if self.report.halted is None:
+                    self.report.failed[name] = str(err)
             except PipelineError as err:
                 self.report.failed[name] = str(err)
         return self.report
@@ -138,7 +143,15 @@ class Fetcher:
 
     def fetch_file(self, entry: LockEntry, source=None) -> Future[None] | None:
         """Fetch and verify one file; None when it was already stored, else its publication."""
-        source = source or self.source
+        try:
+            return self._fetch_file(entry, source or self.source)
+        except OSError as err:
+            # A local file that cannot be opened, read or cut (EACCES, EIO, a folder in its
+            # place) fails this file in one line naming it; the other files go on. This node's
+            # fault, not its source's: a ring peer is not refused for it.
+            raise LocalWriteError(f"{entry.name}: {err}") from err
+
+    def _fetch_file(self, entry: LockEntry, source) -> Future[None] | None:
         sha = entry.sha256
         writer = self.blobs.writer(sha)
         try:
@@ -172,6 +185,8 @@ class Fetcher:
         """Hash the prefix already on disk, then download the rest in order; the sha256."""
         digest = hashlib.sha256()
         for start, end in plan_ranges(have, self.options.part_size):
+            if self.stop.is_set():  # a prefix of 100 GB takes minutes to read back
+                raise Stopped(f"{entry.name}: fetch stopped")
             data = partial.read(start, end - start)
             digest.update(data)
             with self._count:
@@ -220,6 +235,13 @@ class Fetcher:
                 self.limiter.take if self.limiter.rate and source.origin == "s3" else None,
             )
             return buffer, view
+        except SourceDown as err:
+            # Every other file would fail alike, each after botocore's retries: stop them all.
+            with self._count:
+                self.report.halted = self.report.halted or str(err)
+            self.stop.set()
+            self.buffers.put(buffer)
+            raise
         except BaseException:
             self.buffers.put(buffer)
             raise
@@ -254,6 +276,7 @@ def fetch_lock(
     finally:
         progress.close()
     report.reused += [e.name for e in lock.files if e not in missing]
-    if report.failed:
-        raise FetchError("\n".join(report.failed.values()))
+    lines = [report.halted] if report.halted else []
+    if lines or report.failed:
+        raise FetchError("\n".join([*lines, *report.failed.values()]))
     return report

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -40,6 +41,7 @@ class PartialFile:
 
     def __init__(self, path: Path):
         self.path = path
+        _writable_again(path)
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             self.direct = _open_direct(path)
@@ -133,6 +135,22 @@ class WriteBehind:
         self.close()
         if self.error is not None:
             raise self.error
+
+
+def _writable_again(path: Path) -> None:
+    """Give a read-only part file its write permission back (the caller is its one writer).
+
+    A publish makes the file read-only before it renames it, so that a blob is never writable,
+    not even for a moment; one killed in between leaves a read-only part file, which no user but
+    root could open to resume from, ever again.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    # Not through a link: whatever one points to is not ours to change.
+    if stat.S_ISREG(st.st_mode) and not st.st_mode & stat.S_IWUSR:
+        os.chmod(path, 0o644)
 
 
 def _open_direct(path: Path) -> int | None:

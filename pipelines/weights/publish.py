@@ -49,6 +49,7 @@ class Publisher:
         # Opened before any byte of this fetch is written: syncfs reports the filesystem's
         # writeback errors since this open (a failed write is then never published).
         self._anchor = os.open(blobs.root, os.O_RDONLY | os.O_DIRECTORY) if durable else None
+        self._sync_failed: Exception | None = None
         self._queue: queue.SimpleQueue[Verified | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="publish", daemon=True)
         self._thread.start()
@@ -82,14 +83,17 @@ class Publisher:
 
     def _publish(self, files: list[Verified]) -> None:
         """Sync, then rename: a file whose bytes are not known durable is never published."""
+        if self._sync_failed is not None:
+            # syncfs reports a writeback error once per open anchor, for the whole filesystem:
+            # the file that failed may be in this batch, and no later sync would say so again.
+            self._drop(files, f"an earlier sync of this fetch failed ({self._sync_failed})")
+            return
         try:
             if self._anchor is not None:
                 sync_files(self._anchor, [item.part for item in files])
         except Exception as err:  # a writeback error (EIO) above all; every writer hears back
-            # Bytes that may not be on disk must not be read back as a verified prefix either.
-            for item in files:
-                item.part.unlink(missing_ok=True)
-            self._finish(files, err)
+            self._sync_failed = err
+            self._drop(files, err)
             return
         try:
             self.blobs.publish_many([(item.part, item.sha256) for item in files])
@@ -98,8 +102,15 @@ class Publisher:
             return
         self._finish(files, None)
 
+    def _drop(self, files: list[Verified], error: Exception | str) -> None:
+        """Remove the batch's part files and tell each writer: none of them is published."""
+        # Bytes that may not be on disk must not be read back as a verified prefix either.
+        for item in files:
+            item.part.unlink(missing_ok=True)
+        self._finish(files, error)
+
     @staticmethod
-    def _finish(files: list[Verified], error: Exception | None) -> None:
+    def _finish(files: list[Verified], error: Exception | str | None) -> None:
         """Release each file's flock, then tell its writer how publication went."""
         for item in files:
             item.writer.close()

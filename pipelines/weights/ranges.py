@@ -35,6 +35,26 @@ class RangeError(PipelineError):
     """A range that could not be read (one line: object, bytes, why)."""
 
 
+class Stopped(RangeError):
+    """The fetch was stopped (Ctrl-C, or its source is down): not a fault of this range."""
+
+
+class SourceDown(RangeError):
+    """The S3 endpoint refuses every request, not one object: unreachable, or no access."""
+
+
+# What S3 says to every request of a bucket alike (bad keys, no access, no such bucket).
+ENDPOINT_CODES = {
+    "AccessDenied",
+    "AllAccessDisabled",
+    "ExpiredToken",
+    "InvalidAccessKeyId",
+    "InvalidToken",
+    "NoSuchBucket",
+    "SignatureDoesNotMatch",
+}
+
+
 class IncompleteRange(ConnectionError):
     """The server closed a range before all its bytes arrived."""
 
@@ -45,35 +65,65 @@ def read_range(
     name: str,
     start: int,
     view: memoryview,
+    size: int,
     retries: int = RETRIES,
     stop: threading.Event | None = None,
     on_bytes: Callable[[int], None] = lambda n: None,
     throttle: Callable[[int], None] | None = None,
+    etag: str | None = None,
 ) -> None:
-    """Fill view with the bytes of object name from start on, retrying a broken body.
+    """Fill view with the bytes of object name (size bytes long) from start on, retrying a
+    broken body.
 
     on_bytes is told of bytes as they arrive (also those of a broken attempt: they crossed
     the network); throttle (a rate limit) is told of every read; stop ends the read at its next
-    chunk.
+    chunk; etag, when given, must still be the object's (else it was replaced meanwhile).
     """
     key = url.key(name)
+    end = start + len(view) - 1
+    pinned = {"IfMatch": f'"{etag}"'} if etag else {}
     for attempt in range(retries + 1):
+        if stop is not None and stop.is_set():
+            raise Stopped(f"{key}: fetch stopped")
         try:
             response = client.get_object(
-                Bucket=url.bucket, Key=key, Range=f"bytes={start}-{start + len(view) - 1}"
+                Bucket=url.bucket, Key=key, Range=f"bytes={start}-{end}", **pinned
             )
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
-            raise RangeError(describe_s3_error(err, key)) from None  # botocore retried it
+            raise s3_error(client, err, url, key, etag) from None  # botocore retried it
+        expected = f"bytes {start}-{end}/{size}"
+        if response.get("ContentRange") != expected:
+            # An endpoint or proxy that ignores Range answers 200 with the whole object.
+            response["Body"].close()
+            status = response["ResponseMetadata"]["HTTPStatusCode"]
+            raise RangeError(
+                f"{key}: asked for {expected}, S3 answered HTTP {status}"
+                f" with Content-Range {response.get('ContentRange')!r}"
+            )
         try:
             fill(response, view, key, stop, on_bytes, throttle)
             return
         except BROKEN_BODY as err:
             if attempt == retries:
                 raise RangeError(
-                    f"{key}: bytes {start}-{start + len(view) - 1} broke {retries + 1} times"
-                    f" ({type(err).__name__})"
+                    f"{key}: bytes {start}-{end} broke {retries + 1} times ({type(err).__name__})"
                 ) from None
             time.sleep(min(2**attempt * 0.2, 5))
+
+
+def s3_error(client, err: Exception, url: S3Url, key: str, etag: str | None) -> RangeError:
+    """The one line for a failed GET: SourceDown when no other object would fare better."""
+    endpoint = client.meta.endpoint_url
+    if isinstance(
+        err, botocore.exceptions.ConnectionError | botocore.exceptions.NoCredentialsError
+    ):
+        return SourceDown(f"S3 endpoint {endpoint}: unreachable ({type(err).__name__})")
+    code = getattr(err, "response", {}).get("Error", {}).get("Code")
+    if code in ENDPOINT_CODES:
+        return SourceDown(f"S3 endpoint {endpoint}: {code} for s3://{url.bucket}/{key}")
+    if code == "PreconditionFailed" and etag:
+        return RangeError(f"{key}: replaced while it was read (its ETag is no longer {etag})")
+    return RangeError(describe_s3_error(err, key))
 
 
 def fill(
@@ -108,7 +158,7 @@ def read_body(
     try:
         while got < len(view):
             if stop is not None and stop.is_set():
-                raise RangeError(f"{key}: fetch stopped")
+                raise Stopped(f"{key}: fetch stopped")
             n = readinto(view[got : got + READ_CHUNK])
             if not n:
                 break

@@ -46,7 +46,16 @@ class S3Source:
     ) -> None:
         """Fill view with entry's bytes from start (read_range retries broken bodies)."""
         read_range(
-            self.client, self.url, entry.name, start, view, self.retries, stop, on_bytes, throttle
+            self.client,
+            self.url,
+            entry.name,
+            start,
+            view,
+            entry.size,
+            self.retries,
+            stop,
+            on_bytes,
+            throttle,
         )
 
 
