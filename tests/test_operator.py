@@ -26,7 +26,7 @@ from pipelines.render.crd_schema import (
     operator_schema,
     read_json,
 )
-from pipelines.render.crds import DeriveError, derive
+from pipelines.render.crds import DeriveError, derive, derive_kind
 from pipelines.render.documents import Document
 from pipelines.render.kubernetes import render_kubernetes
 from pipelines.render.operator_rules import cel_rules, check_admission, check_operator_rules
@@ -38,6 +38,9 @@ from pipelines.weights.lock import load_lock, lock_path
 
 REPO = Path(__file__).resolve().parent.parent
 KNOWN_GOOD = Path(__file__).parent / "data" / "operator" / "known-good.yaml"
+# The operator's own CRDs and samples at the commit our schemas were derived from.
+OPERATOR_AT_907AC8D8 = Path(__file__).parent / "data" / "operator" / "llmkube-907ac8d8"
+LLMKUBE_API = "inference.llmkube.dev/"
 IMAGE = "ghcr.io/lab/sparkforge/vllm-gb10-dsv41-exl3@sha256:" + "c" * 64
 SERVICE = "60-inferenceservice-dsv41-flash.yaml"
 ISVC_CRD = "LLMKube@907ac8d8 inference.llmkube.dev_inferenceservices.yaml"
@@ -537,10 +540,32 @@ def test_the_deriver_refuses_a_keyword_it_does_not_know_rather_than_dropping_it(
     assert not (tmp_path / "schemas").exists()
 
 
-def test_the_committed_source_record_matches_the_committed_schemas():
+def test_the_committed_schemas_are_derived_from_the_operators_own_crds_as_recorded():
     record = json.loads((LLMKUBE_SCHEMAS_DIR / "source.json").read_text())
     assert record["commit"].startswith("907ac8d8") and record["date"].startswith("2026-08-22")
     assert {f["derived"] for f in record["files"]} == {"model.json", "inferenceservice.json"}
     for f in record["files"]:
-        assert read_json(LLMKUBE_SCHEMAS_DIR / f["derived"])["kind"] == f["kind"]
-        assert len(f["sha256"]) == 64
+        # The operator's CRD at that commit, kept byte for byte (see the folder's README.md).
+        crd = (OPERATOR_AT_907AC8D8 / "crds" / Path(f["path"]).name).read_bytes()
+        assert hashlib.sha256(crd).hexdigest() == f["sha256"], f["path"]
+        derived = derive_kind(crd, f["kind"], f["path"])
+        committed = (LLMKUBE_SCHEMAS_DIR / f["derived"]).read_text()
+        assert json.dumps(derived, indent=1, sort_keys=True) + "\n" == committed, f["derived"]
+
+
+def operator_samples() -> list[Document]:
+    """The Model and InferenceService documents of the operator's own samples and examples."""
+    docs = []
+    for path in sorted((OPERATOR_AT_907AC8D8 / "samples").glob("*.yaml")):
+        for n, body in enumerate(yaml.safe_load_all(path.read_text())):
+            ours = isinstance(body, dict) and str(body.get("apiVersion")).startswith(LLMKUBE_API)
+            if ours and body.get("kind") in ("Model", "InferenceService"):
+                docs.append(Document(f"{path.name}#{n}", body))
+    return docs
+
+
+def test_every_model_and_service_the_operator_ships_as_a_sample_passes_layers_1_and_2():
+    docs = operator_samples()
+    assert len(docs) == 49
+    refused = [line for doc in docs for line in check_crd_schema(doc) + check_operator_rules(doc)]
+    assert refused == []
