@@ -26,11 +26,15 @@ NETWORK = re.compile(r"NCCL INFO Using network (?P<net>\S+)")
 VERSION = re.compile(r"NCCL INFO NCCL version (?P<version>\S+)")
 # nccl-tests: size count type redop root, then time algbw busbw #wrong out-of-place and in-place.
 # #wrong is printf `%6g` of the count (`2.68435e+08` from a million up), or `N/A` unchecked.
-WRONG = r"N/A|\d+(?:\.\d*)?(?:e[+-]?\d+)?"
+# Time and bandwidths go through getFloatStr: fixed point while they fit their width, then
+# `%.1e`/`%.0e` (a time of 10 s or more is `1.2e+07` microseconds).
+NUMBER = r"\d+(?:\.\d*)?(?:e[+-]?\d+)?"
+WRONG = rf"N/A|{NUMBER}"
 ROW = re.compile(
     r"^\s*(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?P<root>-?\d+)"
-    rf"\s+(?P<time>[\d.]+)\s+(?P<algbw>[\d.]+)\s+(?P<busbw>[\d.]+)\s+(?P<wrong>{WRONG})"
-    rf"\s+(?P<ip_time>[\d.]+)\s+(?P<ip_algbw>[\d.]+)\s+(?P<ip_busbw>[\d.]+)\s+(?P<ip_wrong>{WRONG})"
+    rf"\s+(?P<time>{NUMBER})\s+(?P<algbw>{NUMBER})\s+(?P<busbw>{NUMBER})\s+(?P<wrong>{WRONG})"
+    rf"\s+(?P<ip_time>{NUMBER})\s+(?P<ip_algbw>{NUMBER})\s+(?P<ip_busbw>{NUMBER})"
+    rf"\s+(?P<ip_wrong>{WRONG})"
 )
 AVG_BUSBW = re.compile(r"^# Avg bus bandwidth\s*:\s*(?P<value>[\d.eE+-]+)")
 # The probe: one line per size on rank 0; busbw is computed here, by nccl-tests' formula.
