@@ -112,7 +112,12 @@ try:
                 SETTINGS.deploy_timeout_s,
                 who_ran(os.environ),
                 git_revision,
-                KubeAccess(SETTINGS.kubeconfig, SETTINGS.kube_context, SETTINGS.kube_dry_run),
+                KubeAccess(
+                    SETTINGS.kubeconfig,
+                    SETTINGS.kube_context,
+                    SETTINGS.kube_dry_run,
+                    stage_timeout_s=SETTINGS.stage_timeout_s,
+                ),
             ),
             RingStaging(
                 lambda: STAGER.image_ref(STAGER_DIGEST),

@@ -29,6 +29,7 @@ class Settings:
     fetch_durable: bool
     builder: str | None
     deploy_timeout_s: float = 300.0
+    stage_timeout_s: float = 6 * 3600.0  # the ring staging Jobs' wait (Kubernetes)
     # A folder of profiles kept outside the checkout (a lab's own), else the checkout's.
     profiles: Path = PROFILES_DIR
     # Pushes and tags go under <registry>/<namespace> (a lab's, or a test's own).
@@ -97,6 +98,7 @@ def read_settings(environ: Mapping[str, str]) -> Settings:
         fetch_durable=environ.get("SPARKFORGE_FETCH_FSYNC", "1") != "0",
         builder=environ.get(BUILDER_ENV) or None,
         deploy_timeout_s=positive(environ, "SPARKFORGE_DEPLOY_TIMEOUT") or 300.0,
+        stage_timeout_s=positive(environ, "SPARKFORGE_STAGE_TIMEOUT") or 6 * 3600.0,
         profiles=Path(environ.get("SPARKFORGE_PROFILES") or PROFILES_DIR).absolute(),
         registry_namespace=registry_namespace(environ),
         secrets=secret_values(environ),

@@ -33,6 +33,9 @@ class KubeAccess:
     context: str | None = None  # SPARKFORGE_KUBE_CONTEXT; None: the kubeconfig's current one
     dry_run: bool = False  # SPARKFORGE_KUBE_DRY_RUN=server: every write with dryRun=All
     poll_s: float = 2.0  # between status reads while waiting
+    # SPARKFORGE_STAGE_TIMEOUT: the ring staging Jobs move a member's share of 460 GB from S3
+    # and the rest from its peers: hours on a slow uplink, where every other wait is minutes.
+    stage_timeout_s: float = 6 * 3600.0
 
 
 @dataclass(frozen=True)

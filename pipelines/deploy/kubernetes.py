@@ -31,6 +31,11 @@ from pipelines.profiles import Profile
 LOG_LINES = 5
 
 
+# The ring staging Jobs' phase (their container's name): the one wait measured in hours.
+STAGING_PHASE = "jobs stage-weights"
+PROGRESS_EVERY_S = 60.0
+
+
 class Kubernetes:
     """llmkube objects on one cluster, through its API server (the kubeconfig's)."""
 
@@ -183,15 +188,24 @@ class Kubernetes:
             and version == current["metadata"].get("resourceVersion")
         )
 
-    def _poll(self, what: str, pending: Callable[[], str | None]) -> None:
-        """Call pending until it returns None (done) or raises; DeployError after the timeout."""
-        deadline = time.monotonic() + self.timeout_s
+    def _poll(
+        self, what: str, pending: Callable[[], str | None], timeout_s: float | None = None
+    ) -> None:
+        """Call pending until it returns None (done) or raises; DeployError after the timeout
+        (the deploy's unless given); a line of where it stands each minute meanwhile."""
+        limit = timeout_s or self.timeout_s
+        started = time.monotonic()
+        told = started
         while True:
             state = pending()
             if state is None:
                 return
-            if time.monotonic() >= deadline:
-                raise DeployError(f"{what}: not done after {self.timeout_s:g} s ({state})")
+            now = time.monotonic()
+            if now - started >= limit:
+                raise DeployError(f"{what}: not done after {limit:g} s ({state})")
+            if now - told >= PROGRESS_EVERY_S:
+                told = now
+                print(f"deploy: waiting for {what}: {state} ({now - started:.0f} s of {limit:g})")
             time.sleep(self.kube.poll_s)
 
     def _get(self, doc: dict[str, Any]) -> dict[str, Any]:
@@ -213,7 +227,8 @@ class Kubernetes:
             for doc in docs:
                 self._poll(f"Model/{doc['metadata']['name']}", lambda d=doc: self._model(d))
         elif name.startswith("jobs "):
-            self._poll(name, lambda: self._jobs(docs))
+            timeout = self.kube.stage_timeout_s if name == STAGING_PHASE else None
+            self._poll(name, lambda: self._jobs(docs), timeout)
 
     def _model(self, doc: dict[str, Any]) -> str | None:
         status = self._get(doc).get("status", {})
