@@ -94,6 +94,25 @@ def test_a_failed_sync_publishes_nothing_of_its_batch_and_the_next_fetch_complet
     assert blobs.missing(shards) == []
 
 
+def test_after_a_failed_sync_no_partial_of_the_fetch_is_kept_to_resume_from(
+    s3, synthetic, blobs, monkeypatch
+):
+    """A prefix written or read back in a fetch whose sync failed may be what the disk lost."""
+    _, lock = synthetic
+    shard = next(e for e in lock.files if e.name.startswith("model-0000"))
+    # Locked, with a prefix from an earlier run on disk, but gone from the bucket: it fails.
+    gone = shard.__class__(name="gone.safetensors", size=1 << 20, sha256="e" * 64)
+    prefix = blobs.partial_file(gone.sha256)
+    prefix.write_bytes(b"p" * ALIGN)
+    failing = RecordingSync(blobs, {shard.sha256: shard.size}, fail=True)
+    monkeypatch.setattr(publish_module, "sync_files", failing)
+    with pytest.raises(FetchError) as err:
+        fetch(s3, Lock(model=lock.model, source=lock.source, files=[shard, gone]), blobs)
+    assert "gone.safetensors: " in str(err.value) and len(failing.calls) == 1
+    assert not prefix.exists()
+    assert not blobs.partial_file(shard.sha256).exists()
+
+
 def test_after_a_failed_sync_a_file_handed_over_later_is_not_published(blobs, monkeypatch):
     """syncfs reports a writeback error once, for the whole filesystem: the file whose bytes
     failed may be one handed over after the batch that heard of it, and its own sync succeeds."""

@@ -90,6 +90,19 @@ class BlobStore:
             raise
         return f
 
+    def try_writer(self, sha256: str) -> IO | None:
+        """The writer's flock of sha256 if no other process holds it now, else None."""
+        f = open(self.partial / f"{sha256}.writer", "w")  # noqa: SIM115 (closed by its owner)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            return None
+        except BaseException:
+            f.close()
+            raise
+        return f
+
     @contextlib.contextmanager
     def one_writer(self, sha256: str) -> Iterator[None]:
         """Be the only process writing the blob of sha256 (an flock on its own file)."""

@@ -100,6 +100,7 @@ class Fetcher:
         self._count = threading.Lock()
         self.pool = ThreadPoolExecutor(options.workers, thread_name_prefix="range")
         self.publisher = Publisher(blobs, options.durable)
+        self._touched: set[str] = set()  # blobs whose partial this fetch opened
         # Range buffers are reused (fresh big allocations cost a page fault per 4 KiB) and
         # page-aligned (direct writes to disk need that: partial.py).
         self.buffers: queue.SimpleQueue[memoryview] = queue.SimpleQueue()
@@ -140,6 +141,24 @@ class Fetcher:
         """Finish the range pool and publish everything verified (even after Ctrl-C)."""
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.publisher.close()
+        if self.publisher.sync_failed is not None:
+            self.discard_partials()
+
+    def discard_partials(self) -> None:
+        """Remove the partial files of this fetch's unpublished files.
+
+        After a sync failed, any page written (or read back) since the fetch began may be the
+        one the disk lost, and no later sync reports an error already seen: a prefix kept for
+        resume could be published wrong by the next fetch.
+        """
+        for sha in self._touched:
+            if self.blobs.blob(sha).exists():
+                continue
+            writer = self.blobs.try_writer(sha)
+            if writer is None:
+                continue  # another process writes it now, under its own sync
+            with writer:
+                self.blobs.partial_file(sha).unlink(missing_ok=True)
 
     def fetch_file(self, entry: LockEntry, source=None) -> Future[None] | None:
         """Fetch and verify one file; None when it was already stored, else its publication."""
@@ -154,6 +173,7 @@ class Fetcher:
     def _fetch_file(self, entry: LockEntry, source) -> Future[None] | None:
         sha = entry.sha256
         writer = self.blobs.writer(sha)
+        self._touched.add(sha)
         try:
             if self.blobs.is_intact(sha, entry.size):
                 self.progress.advance(entry.name, entry.size)

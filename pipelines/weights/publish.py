@@ -49,7 +49,7 @@ class Publisher:
         # Opened before any byte of this fetch is written: syncfs reports the filesystem's
         # writeback errors since this open (a failed write is then never published).
         self._anchor = os.open(blobs.root, os.O_RDONLY | os.O_DIRECTORY) if durable else None
-        self._sync_failed: Exception | None = None
+        self.sync_failed: Exception | None = None  # the first sync error of this fetch
         self._queue: queue.SimpleQueue[Verified | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="publish", daemon=True)
         self._thread.start()
@@ -83,16 +83,16 @@ class Publisher:
 
     def _publish(self, files: list[Verified]) -> None:
         """Sync, then rename: a file whose bytes are not known durable is never published."""
-        if self._sync_failed is not None:
+        if self.sync_failed is not None:
             # syncfs reports a writeback error once per open anchor, for the whole filesystem:
             # the file that failed may be in this batch, and no later sync would say so again.
-            self._drop(files, f"an earlier sync of this fetch failed ({self._sync_failed})")
+            self._drop(files, f"an earlier sync of this fetch failed ({self.sync_failed})")
             return
         try:
             if self._anchor is not None:
                 sync_files(self._anchor, [item.part for item in files])
         except Exception as err:  # a writeback error (EIO) above all; every writer hears back
-            self._sync_failed = err
+            self.sync_failed = err
             self._drop(files, err)
             return
         try:
