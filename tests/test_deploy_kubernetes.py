@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kube_api import KubeDouble, KubeServer, b64, job_status, service_status
+from staged_tp3 import staged_tp3_render
 
 from pipelines.deploy import Deploy, DeploySettings, KubeAccess
 from pipelines.deploy.health import DeployError
@@ -413,36 +414,13 @@ def test_an_unreachable_api_server_is_one_line_naming_its_url(world):
 STAGER = "ghcr.io/lab/sparkforge/weights-stager@sha256:" + "e" * 64
 
 
-def staged_tp3_documents(folder: Path) -> Path:
-    """tp3-ring rendered with a complete lock and the stager image, written as render writes."""
-    import hashlib
+def staged_tp3_documents(folder: Path, version: str = "") -> Path:
+    """tp3-ring rendered with a complete lock (its bytes named by version) and the stager image,
+    written as render writes."""
+    from pipelines.render.documents import write_documents
 
-    from pipelines.paths import PATCH_SOURCE
-    from pipelines.render.documents import RenderInputs, write_documents
-    from pipelines.render.kubernetes import render
-    from pipelines.weights.lock import LockEntry, load_lock, lock_path
-    from pipelines.weights.ringplan import RingNode, plan_json, plan_ring
-
-    profile = load_profile("tp3-ring")
-    lock = load_lock(lock_path(profile.model.lock))
-    files = [
-        LockEntry(name=e.name, size=1000 + i, sha256=hashlib.sha256(e.name.encode()).hexdigest())
-        for i, e in enumerate(lock.files)
-    ]
-    lock = type(lock)(model=lock.model, source=lock.source, files=files)
-    nodes = [RingNode(m.node, m.address, dict(m.links)) for m in profile.members]
-    plan = plan_ring(
-        lock.model,
-        lock.source,
-        "f" * 64,
-        [(e.name, e.size, e.sha256) for e in files],
-        nodes,
-        profile.staging.port,
-        profile.staging.peer_wait_s,
-    )
-    inputs = RenderInputs(lock, IMAGE_A, PATCH_SOURCE.read_text(), "", STAGER, plan_json(plan))
     folder.mkdir(parents=True)
-    write_documents(render(profile, inputs, [SECRET]), folder)
+    write_documents(staged_tp3_render(version, IMAGE_A, STAGER, [SECRET]), folder)
     return folder
 
 
@@ -501,3 +479,49 @@ def test_ring_staging_jobs_run_on_every_member_before_the_model(world, tmp_path)
         assert claims == [f"dsv41-cache-{node}"]
     rendered = "".join(p.read_text() for p in folder.glob("*.yaml"))
     assert SECRET not in rendered and "lab-key-id" not in rendered
+
+
+def test_a_new_lock_restages_every_member_and_patches_its_config_again(world, tmp_path):
+    from pipelines.deploy.kubernetes import Kubernetes
+
+    def deploy(folder: Path) -> dict[str, str]:
+        backend = Kubernetes(load_profile("tp3-ring"), (), 5.0, access)
+        try:
+            changes = backend.apply(backend.load("k" * 64, folder))
+        finally:
+            backend.close()
+        return {c.name: c.line(False) for c in changes if c.kind == "Job"}
+
+    access = KubeAccess(str(world.kubeconfig), poll_s=0.001)
+    deploy(staged_tp3_documents(tmp_path / "v1", "v1"))
+    again = deploy(staged_tp3_documents(tmp_path / "v1-again", "v1"))
+    new = deploy(staged_tp3_documents(tmp_path / "v2", "v2"))
+    for r in range(3):
+        for job in (f"dsv41-flash-stage-weights-{r}", f"dsv41-flash-tp3-patch-{r}"):
+            assert "replaced" not in again[job], again[job]
+            assert "replaced" in new[job], new[job]
+
+
+def test_the_ring_staging_jobs_wait_on_their_own_timeout_not_the_deploys(world, tmp_path):
+    from pipelines.deploy.kubernetes import Kubernetes
+
+    folder = staged_tp3_documents(tmp_path / "render")
+    # Member 0 stages for 1500 reads (seconds here): far past the deploy's 0.2 s.
+    slow = [job_status("Running")] * 1500 + [job_status("Complete")]
+    world.double.script("Job", "dsv41-flash-stage-weights-0", slow)
+
+    def apply(stage_timeout_s: float) -> None:
+        access = KubeAccess(str(world.kubeconfig), poll_s=0.001, stage_timeout_s=stage_timeout_s)
+        backend = Kubernetes(load_profile("tp3-ring"), (), 0.2, access)
+        try:
+            backend.apply(backend.load("k" * 64, folder))
+        finally:
+            backend.close()
+
+    with pytest.raises(DeployError) as short:
+        apply(0.2)
+    assert str(short.value).startswith("jobs stage-weights: not done after 0.2 s (1 of 3 Jobs")
+    world.double.script("Job", "dsv41-flash-stage-weights-0", slow)
+    apply(60.0)
+    events = world.double.events
+    assert "status Job/dsv41-flash-stage-weights-0 Complete" in " | ".join(events)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from staged_tp3 import staged_tp3_render
 
 from pipelines.errors import PipelineError
 from pipelines.paths import PATCH_SOURCE, PROFILES_DIR, RENDER_DIR
@@ -18,7 +19,7 @@ from pipelines.profiles import ProfileError, load_profile, parse_profile
 from pipelines.render import Render, renderer_for
 from pipelines.render.crd_schema import apply_overlay
 from pipelines.render.dockerhosts import launch_plans
-from pipelines.render.documents import Document
+from pipelines.render.documents import Document, RenderError, write_documents
 from pipelines.render.kubernetes import render_kubernetes
 from pipelines.render.validate import (
     ROCE_DEVICES,
@@ -247,6 +248,15 @@ def test_a_change_to_the_renderers_code_changes_the_render_key_and_bytecode_does
         source.read_text().replace('"NCCL_IB_TIMEOUT": "22"', '"NCCL_IB_TIMEOUT": "14"')
     )
     assert key() != before
+
+
+def test_two_documents_for_one_file_are_refused_and_nothing_is_written(tmp_path):
+    first, *rest = tp3_docs()
+    twin = Document(first.file, {**first.body, "metadata": {"name": "another"}})
+    with pytest.raises(RenderError) as err:
+        write_documents([first, *rest, twin], tmp_path)
+    assert str(err.value) == f"render: two documents for {first.file}; expected one each"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_tp4_ring_gives_four_launch_plans_with_the_ring_env():
@@ -643,3 +653,32 @@ def test_an_overlay_for_a_field_the_crd_lacks_names_the_missing_parent():
     assert str(err.value) == (
         "overlay-pr1746.json: spec.multiNode.members: the derived schema has no 'multiNode'"
     )
+
+
+# --- ring staging: what replaces the staging and patch Jobs ------------------------------------
+
+STAGER = "ghcr.io/lab/sparkforge/weights-stager@sha256:" + "e" * 64
+
+
+def staged_tp3_jobs(version: str, stager: str = STAGER) -> dict[str, dict]:
+    """tp3-ring's Job bodies rendered with ring staging of a lock whose bytes are `version`."""
+    docs = staged_tp3_render(version, IMAGE, stager)
+    return {d.body["metadata"]["name"]: d.body for d in docs if d.body["kind"] == "Job"}
+
+
+def test_a_new_lock_replaces_every_stage_job_and_an_equal_one_none():
+    old, new, same = staged_tp3_jobs("v1"), staged_tp3_jobs("v2"), staged_tp3_jobs("v1")
+    stage = [f"dsv41-flash-stage-weights-{r}" for r in range(3)]
+    # A Job is replaced only when its body differs: a new lock must show in the body.
+    assert all(old[name] != new[name] for name in stage)
+    assert all(old[name] == same[name] for name in stage)
+
+
+def test_a_patch_job_changes_exactly_when_its_members_stage_job_does():
+    # Re-staging re-links the unpadded config.json: the patch must run again after it.
+    v1, v2, stager2 = staged_tp3_jobs("v1"), staged_tp3_jobs("v2"), staged_tp3_jobs("v1", IMAGE)
+    for other in (v2, stager2, staged_tp3_jobs("v1")):
+        for r in range(3):
+            stage, patch = f"dsv41-flash-stage-weights-{r}", f"dsv41-flash-tp3-patch-{r}"
+            assert (v1[stage] != other[stage]) == (v1[patch] != other[patch])
+    assert v1["dsv41-flash-stage-weights-0"] != stager2["dsv41-flash-stage-weights-0"]

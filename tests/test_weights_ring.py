@@ -7,11 +7,15 @@ import contextlib
 import hashlib
 import json
 import os
+import pwd
 import re
 import secrets
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -26,7 +30,7 @@ from devstack.ringnet import RingNet, default_scratch, refused_here, ring_networ
 from pipelines.profiles import ProfileError, parse_profile
 from pipelines.statcache import StatCache
 from pipelines.weights.blobs import BlobStore
-from pipelines.weights.blobserver import BlobServer
+from pipelines.weights.blobserver import BlobServer, BlobServerError
 from pipelines.weights.lock import Lock, LockEntry, load_lock
 from pipelines.weights.ringplan import S3, RingNode, describe_plan, load_plan, plan_json, plan_ring
 from pipelines.weights.s3 import S3Url
@@ -224,12 +228,113 @@ def test_blob_server_serves_ranges_to_ring_addresses_and_refuses_everyone_else(t
         assert peer.request("PUT", url, body=b"x").status == 403
         assert peer.request("DELETE", url).status == 403
         assert peer.request("GET", "http://127.0.0.2:18397/partial.part").status == 404
-        assert peer.request("GET", "http://127.0.0.2:18397/sha256/../ring").status == 404
         assert peer.request("GET", f"http://127.0.0.2:18397/sha256/{'0' * 64}").status == 404
     finally:
         pid = server.process.pid
         server.stop()
     assert not Path(f"/proc/{pid}").exists()
+
+
+UNNAMED_ID = 54321  # a host uid and gid with no passwd or group entry here
+
+
+@pytest.fixture
+def unnamed_root():
+    """A weights folder owned by an id this machine has no name for, in a folder others may
+    enter (pytest's tmp_path is 0700: the stager's claim is not)."""
+    if os.geteuid() != 0:
+        pytest.skip("chown to another uid needs root")
+    with pytest.raises(KeyError):
+        pwd.getpwuid(UNNAMED_ID)
+    parent = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    parent.chmod(0o755)
+    root = parent / "weights"
+    (root / "blobs").mkdir(parents=True)
+    for folder in (root, root / "blobs"):
+        os.chown(folder, UNNAMED_ID, UNNAMED_ID)
+    yield root
+    shutil.rmtree(parent)
+
+
+def test_a_weights_folder_owned_by_an_unnamed_uid_is_served(unnamed_root):
+    root = unnamed_root
+    data = os.urandom(10_000)
+    sha = hashlib.sha256(data).hexdigest()
+    (root / "blobs" / sha).write_bytes(data)
+    (root / "blobs" / sha).chmod(0o444)  # as the blob store publishes it
+    server = BlobServer(root / "blobs", root / "ring", ("127.0.0.2",), ("127.0.0.3",), 18399)
+    server.start()
+    try:
+        peer = urllib3.PoolManager(source_address=("127.0.0.3", 0), retries=False)
+        got = peer.request("GET", f"http://127.0.0.2:18399/sha256/{sha}")
+        assert (got.status, got.data) == (200, data)
+    finally:
+        server.stop()
+
+
+def test_an_unnamed_owner_whose_folder_nobody_may_enter_is_one_line(unnamed_root):
+    unnamed_root.chmod(0o700)
+    with pytest.raises(BlobServerError) as err:
+        BlobServer(unnamed_root / "blobs", unnamed_root / "ring", ("127.0.0.2",), (), 18399)
+    assert str(err.value) == (
+        f"{unnamed_root / 'blobs'}: owner uid {UNNAMED_ID} has no passwd entry, so nginx serves"
+        f" it as nobody, which may not enter {unnamed_root} (drwx------)"
+    )
+
+
+def raw_get(path: str, port: int, source: str = "127.0.0.3") -> tuple[int, bytes]:
+    """GET path from 127.0.0.2 as sent, byte for byte: HTTP clients normalize dot segments."""
+    with socket.create_connection(("127.0.0.2", port), 5, (source, 0)) as conn:
+        conn.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        answer = b"".join(iter(lambda: conn.recv(65536), b""))
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/sha256/../ring/status.json",
+        "/sha256/%2e%2e/ring/status.json",
+        "/sha256/%2E%2E%2Fring%2Fstatus.json",
+        "/sha256/..%2fsecret",
+        "/sha256/./../secret",
+        "/ring/status.json",
+        "/secret",
+    ],
+)
+def test_paths_outside_the_blobs_are_refused_however_they_are_spelled(tmp_path, path):
+    blobs, ring = tmp_path / "blobs", tmp_path / "ring"
+    blobs.mkdir()
+    ring.mkdir()
+    (ring / "status.json").write_text('{"secret": "in the ring folder"}')
+    (tmp_path / "secret").write_text("beside the blobs")
+    server = BlobServer(blobs, ring, ("127.0.0.2",), ("127.0.0.3",), 18396).start()
+    try:
+        status, body = raw_get(path, 18396)
+        assert status in (400, 403, 404) and b"secret" not in body, (status, body)
+        assert raw_get("/status.json", 18396)[0] == 200  # the one file outside it is there
+    finally:
+        server.stop()
+
+
+def test_a_link_in_the_blob_folder_is_not_served_whatever_it_points_at(tmp_path):
+    blobs, ring = tmp_path / "blobs", tmp_path / "ring"
+    blobs.mkdir()
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"not a blob")
+    data = os.urandom(1000)
+    sha = hashlib.sha256(data).hexdigest()
+    (blobs / sha).write_bytes(data)
+    linked = hashlib.sha256(b"not a blob").hexdigest()
+    (blobs / linked).symlink_to(outside)
+    server = BlobServer(blobs, ring, ("127.0.0.2",), ("127.0.0.3",), 18395).start()
+    try:
+        assert raw_get(f"/sha256/{sha}", 18395) == (200, data)  # the file beside it is served
+        status, body = raw_get(f"/sha256/{linked}", 18395)
+        assert status == 403 and b"not a blob" not in body
+    finally:
+        server.stop()
 
 
 def test_a_peer_blob_of_another_size_is_not_served_to_the_fetch(tmp_path):
@@ -310,11 +415,13 @@ def ring():
         yield Ring(net, credentials, lock, plan_file, work)
 
 
-def start_member(ring: Ring, rank: int, root: Path, log: Path) -> subprocess.Popen:
+def start_member(
+    ring: Ring, rank: int, root: Path, log: Path, peer_wait_s: float = 60
+) -> subprocess.Popen:
     """`python -m pipelines.weights.ring` for member rank, in its namespace, S3 on its uplink."""
     return ringrun.start_member(
         ring.net, rank, ring.credentials, ring.plan_file, root, log,
-        part_mib=4, peer_wait_s=60, interval=1,
+        part_mib=4, peer_wait_s=peer_wait_s, interval=1,
     )  # fmt: skip
 
 
@@ -458,3 +565,52 @@ def test_a_member_whose_disk_refuses_a_peer_file_fails_it_without_blaming_the_pe
     assert f"stage_ring: {peer_file.name}: writing {part}: No space left on device" in text
     assert "refused" not in text  # the peers served it right: none is refused for it
     assert not status(roots[2]).get("complete")
+
+
+HUNG_PEER = """\
+import socket, sys, time
+held = []
+for address in sys.argv[2:]:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((address, int(sys.argv[1])))
+    s.listen(64)
+    held.append(s)
+print("listening", flush=True)
+time.sleep(3600)  # the kernel accepts every connection; nothing ever answers
+"""
+
+
+def test_a_peer_that_accepts_and_never_answers_stalls_no_other_member(ring):
+    roots, logs = roots_and_logs(ring, "hung")
+    plan = load_plan(ring.plan_file.read_text())
+    hung = ring.net.popen(
+        2,
+        [sys.executable, "-c", HUNG_PEER, str(plan.port), *plan.members[2].listen],
+        stdout=subprocess.PIPE,
+    )
+    members = {}
+    try:
+        assert hung.stdout.readline() == b"listening\n"
+        started = time.monotonic()
+        # m2 owns a third of the files: after peer_wait_s they come from S3 instead.
+        members = {r: start_member(ring, r, roots[r], logs[r], peer_wait_s=5) for r in (0, 1)}
+        # Unstalled, each finishes in about peer_wait_s (m2's share) + 5 s linger + transfers;
+        # a loop blocked on m2's status for a minute per pass would take many minutes.
+        for rank, process in members.items():
+            left = max(60 - (time.monotonic() - started), 0.1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=left)
+            assert process.returncode == 0, (
+                f"member {rank} not done {time.monotonic() - started:.0f} s after start with"
+                f" m2 hung:\n{logs[rank].read_text()[-3000:]}"
+            )
+    finally:
+        for process in [hung, *members.values()]:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    for r in (0, 1):
+        assert_only_right_blobs(roots[r], ring.lock)
+        assert status(roots[r])["complete"]
+        assert "done: 54 files verified" in logs[r].read_text()

@@ -5,6 +5,7 @@ Rendering is pure: profile, lock and image digest in, documents out; validate.py
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -23,6 +24,10 @@ from pipelines.weights import Lock, cache_key
 CACHE_ROOT = "/cache"  # one hostPath volume for every JIT/compile cache (survives reboots)
 STAGING_CACHE = "/models"  # where a staging Job mounts its member's model cache claim
 STAGING_COMPONENT = "weights-staging"  # the staging objects' app.kubernetes.io/component
+# Pod template annotations: a Job is replaced only when its own body changes (a Job's template
+# is immutable), so what a Job's work depends on beyond its body must be hashed into it.
+PLAN_ANNOTATION = "sparkforge.dev/ring-plan-sha256"
+STAGE_JOB_ANNOTATION = "sparkforge.dev/stage-job-sha256"
 
 
 def fabric_env(profile: Profile) -> dict[str, str]:
@@ -91,11 +96,19 @@ def staging_context(
     return {
         "image": image,
         "plan": plan,
+        # A new lock changes only the plan's ConfigMap: without its hash in the Job, the
+        # Complete stage Jobs would stay and the ring would keep serving the old bytes.
+        "annotations": {PLAN_ANNOTATION: hashlib.sha256(plan.encode()).hexdigest()},
         "cache": STAGING_CACHE,
         # Blobs beside the model folders, on the claim's filesystem (staging links, never copies).
         "root": f"{STAGING_CACHE}/.sparkforge",
         "labels": {**labels, "app.kubernetes.io/component": STAGING_COMPONENT},
     }
+
+
+def body_sha256(body: dict[str, Any]) -> str:
+    """The sha256 of a document's body as canonical JSON."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def render_context(
@@ -193,13 +206,19 @@ def render_kubernetes(
         add("10", "configmap-ring-plan.yaml.j2")
     for member in context["members"]:
         add("20", "member-cache.yaml.j2", {"member": member})
+    stage_jobs: dict[int, str] = {}
     if staging:
         for member in context["members"]:
             add("25", "job-stage-weights.yaml.j2", {"member": member})
+            stage_jobs[member["rank"]] = body_sha256(docs[-1].body)
     add("30", "model.yaml.j2")
     if profile.model.config_patch == "tp3-heads":
         for member in context["members"]:
-            add("40", "job-tp3-patch.yaml.j2", {"member": member})
+            # A re-run stage Job re-links the unpadded config.json: the member's patch Job must
+            # run again after it, so it carries the stage Job's hash and is replaced with it.
+            staged = stage_jobs.get(member["rank"])
+            annotations = {STAGE_JOB_ANNOTATION: staged} if staged else {}
+            add("40", "job-tp3-patch.yaml.j2", {"member": member, "annotations": annotations})
     for member in context["members"]:
         add("50", "job-node-prep.yaml.j2", {"member": member})
     add("60", "inferenceservice.yaml.j2")

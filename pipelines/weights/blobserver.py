@@ -18,6 +18,7 @@ import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -61,6 +62,9 @@ http {{
         location ~ "^/sha256/([0-9a-f]{{64}})$" {{
             limit_except GET {{ deny all; }}
             log_not_found off;  # peers ask before a blob is there: that is no error
+            # A blob is a file, never a link: one planted in the folder is refused (403),
+            # whatever it points at. Links above the folder (a mount) are not checked.
+            disable_symlinks on from={blobs};
             alias {blobs}/$1;
         }}
         location = /status.json {{
@@ -76,10 +80,60 @@ http {{
 """
 
 
-def store_owner(root: Path) -> str:
-    """'user group' owning the store: the server reads what the store's owner can."""
+def store_owner(root: Path, served: tuple[Path, ...] = ()) -> str:
+    """'user group' for nginx's workers: the store's owner, who reads what the store holds.
+
+    nginx's `user` takes names only. An owner with no passwd entry (a host uid in the stager
+    image) gives 'nobody': the blobs are 0444, so nobody reads them if it can enter root and
+    every served folder; else one line says which folder it may not enter.
+    """
     st = os.stat(root)
-    return f"{pwd.getpwuid(st.st_uid).pw_name} {grp.getgrgid(st.st_gid).gr_name}"
+    try:
+        user = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        user = None
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = None
+    if user is not None and group is not None:
+        return f"{user} {group}"
+    try:
+        nobody = pwd.getpwnam("nobody")
+        fallback = grp.getgrgid(nobody.pw_gid)
+    except KeyError:
+        raise BlobServerError(
+            f"{root}: owner uid {st.st_uid} gid {st.st_gid} has no name here, and no 'nobody'"
+            " user or group to serve it as"
+        ) from None
+    if user is None and os.geteuid() == 0:  # only root's nginx switches its workers' user
+        for folder in (root, *served):
+            blocked = blocked_for(folder, nobody.pw_uid, fallback.gr_gid)
+            if blocked is not None:
+                mode = stat.filemode(os.stat(blocked).st_mode)
+                raise BlobServerError(
+                    f"{root}: owner uid {st.st_uid} has no passwd entry, so nginx serves it as"
+                    f" nobody, which may not enter {blocked} ({mode})"
+                )
+    return f"{user or nobody.pw_name} {group or fallback.gr_name}"
+
+
+def blocked_for(folder: Path, uid: int, gid: int) -> Path | None:
+    """The first folder on the way to folder (itself included) that uid:gid may not enter."""
+    for step in [*reversed(folder.parents), folder]:
+        try:
+            st = os.stat(step)
+        except FileNotFoundError:
+            return None  # made later by the server itself, enterable (start makes ring/nginx)
+        if st.st_uid == uid:
+            bit = stat.S_IXUSR
+        elif st.st_gid == gid:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not st.st_mode & bit:
+            return step
+    return None
 
 
 class BlobServer:
@@ -89,7 +143,7 @@ class BlobServer:
         self, blobs: Path, ring: Path, listen: tuple[str, ...], allow: tuple[str, ...], port: int
     ):
         self.listen, self.port, self.ring = listen, port, ring
-        self.config = nginx_config(blobs, ring, listen, allow, port, store_owner(blobs))
+        self.config = nginx_config(blobs, ring, listen, allow, port, store_owner(blobs, (ring,)))
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 15.0) -> BlobServer:

@@ -7,7 +7,8 @@ its published blobs). Bytes from a peer go through the same fetch as bytes from 
 they stream, a verified prefix on disk that a restart resumes, published only when the sha256
 matches the lock. A peer whose bytes do not match is not asked for that file again; when no
 peer is left for a file, or none has had it for peer_wait_s, it comes from S3. A member that
-is done keeps serving until every peer says it is done too.
+is done keeps serving until every peer says it is done too. Peers' statuses are polled in a
+thread per peer with a short timeout: a peer that accepts and never answers stalls nobody.
 
 Run it as `python -m pipelines.weights.ring --plan PLAN.json --rank N --root WEIGHTS`.
 """
@@ -15,9 +16,11 @@ Run it as `python -m pipelines.weights.ring --plan PLAN.json --rank N --root WEI
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -38,6 +41,9 @@ from pipelines.weights.publish import PublishError
 from pipelines.weights.ringplan import S3, PlannedFile, RingPlan, load_plan
 from pipelines.weights.s3 import S3Url, s3_errors
 from pipelines.weights.sources import NotServed, PeerSource, S3Source
+
+# A status.json is a few KB from a neighbour: a peer that takes longer is hung, not busy.
+STATUS_TIMEOUT_S = 3.0
 
 
 class RingError(PipelineError):
@@ -121,7 +127,12 @@ class Member:
         }
         self.total = sum(f.size for f in plan.files)
         self.report = MemberReport()
+        # Written only by the pollers, each write a new dict or set under _seen: the loops read
+        # them without a lock and never see one change as they iterate it.
         self.statuses: dict[int, dict] = {}
+        self._seen = threading.Lock()
+        self._stop_polling = threading.Event()
+        self._pollers: list[threading.Thread] = []
         self.started = time.monotonic()
         self._printed = 0.0
         self._complete = False
@@ -140,6 +151,7 @@ class Member:
         missing = {e.name for e in self.blobs.missing_entries(entries)}
         self.write_status()
         server.start()
+        self.start_polling()
         try:
             self.say(
                 f"serving on {', '.join(self.me.listen)}:{self.plan.port} to"
@@ -185,6 +197,7 @@ class Member:
                 raise RingError("\n".join(self.report.failed.values()))
             self.linger()
         finally:
+            self.stop_polling()
             server.stop()
         return self.report
 
@@ -199,7 +212,6 @@ class Member:
         pool = ThreadPoolExecutor(self.options.files_at_once, "peer-file")
         try:
             while pending or inflight or not all(f.done() for f in own):
-                self.refresh_peers()
                 for f in list(pending):
                     if len(inflight) >= self.options.files_at_once:
                         break
@@ -272,7 +284,6 @@ class Member:
         """
         last, changed = None, time.monotonic()
         while True:
-            self.refresh_peers()
             self.write_status()
             if all(self.needs_nothing(p) for p in self.peers):
                 break
@@ -295,24 +306,55 @@ class Member:
 
     # --- status and progress -----------------------------------------------------------------
 
-    def refresh_peers(self) -> None:
-        """Each peer's status.json; one not answering keeps its progress but serves nothing."""
-        for p, peer in self.peers.items():
-            try:
-                response = peer.pool.request("GET", f"{peer.base}/status.json", retries=False)
-            except urllib3.exceptions.HTTPError:
-                # Down (killed, restarting, or done and gone): not asked for files until it
-                # answers again.
-                self.answering.discard(p)
+    def start_polling(self) -> None:
+        """A thread per peer polling its status: a hung peer stalls only its own thread, never
+        the loop that schedules files and writes this member's status."""
+        self._stop_polling.clear()
+        for p in self.peers:
+            thread = threading.Thread(
+                target=self.poll_peer, args=(p,), name=f"status-{p}", daemon=True
+            )
+            thread.start()
+            self._pollers.append(thread)
+
+    def stop_polling(self) -> None:
+        """Stop the pollers; one inside a request ends with its timeout (daemon: never waited
+        for past that)."""
+        self._stop_polling.set()
+        for thread in self._pollers:
+            thread.join(timeout=2 * STATUS_TIMEOUT_S)
+        self._pollers = []
+
+    def poll_peer(self, p: int) -> None:
+        """Refresh peer p's status every poll_s until told to stop."""
+        while not self._stop_polling.is_set():
+            self.refresh_peer(p)
+            self._stop_polling.wait(self.poll_s)
+
+    def refresh_peer(self, p: int) -> None:
+        """Peer p's status.json; one not answering keeps its progress but serves nothing."""
+        peer = self.peers[p]
+        try:
+            response = peer.pool.request(
+                "GET", f"{peer.base}/status.json", retries=False, timeout=STATUS_TIMEOUT_S
+            )
+        except urllib3.exceptions.HTTPError:
+            # Down or hung (killed, restarting, or done and gone): not asked for files until it
+            # answers again.
+            with self._seen:
+                self.answering = self.answering - {p}
                 if p in self.statuses:
-                    self.statuses[p] = {**self.statuses[p], "published": []}
-                continue
-            self.answering.add(p)
-            if response.status == 200:
-                try:
-                    self.statuses[p] = json.loads(response.data)
-                except ValueError:
-                    continue  # a status being replaced as we read it: the next poll sees it
+                    self.statuses = {**self.statuses, p: {**self.statuses[p], "published": []}}
+            return
+        status = None
+        if response.status == 200:
+            # A status being replaced as we read it: the next poll sees it.
+            with contextlib.suppress(ValueError):
+                status = json.loads(response.data)
+        with self._seen:
+            self.answering = self.answering | {p}
+            if isinstance(status, dict):
+                self.statuses = {**self.statuses, p: status}
 
     def write_status(self) -> None:
         """What this member has and how far it is, for its peers (served as /status.json)."""
