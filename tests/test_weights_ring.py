@@ -567,6 +567,26 @@ def test_a_member_whose_disk_refuses_a_peer_file_fails_it_without_blaming_the_pe
     assert not status(roots[2]).get("complete")
 
 
+def test_a_member_s3_refuses_stops_at_once_in_one_line_not_after_peer_wait(ring):
+    roots, logs = roots_and_logs(ring, "refused")
+    wrong = {**ring.credentials, "AWS_SECRET_ACCESS_KEY": secrets.token_hex(20)}
+    member = ringrun.start_member(
+        ring.net, 0, wrong, ring.plan_file, roots[0], logs[0],
+        part_mib=4, peer_wait_s=600, interval=1,
+    )  # fmt: skip
+    try:
+        assert member.wait(timeout=60) == 1, logs[0].read_text()  # not after 600 s of waiting
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(member.pid, signal.SIGKILL)
+        member.wait()
+    failures = [
+        line for line in logs[0].read_text().splitlines() if "SignatureDoesNotMatch" in line
+    ]
+    assert len(failures) == 1 and failures[0].startswith("stage_ring: S3 endpoint http://")
+    assert wrong["AWS_SECRET_ACCESS_KEY"] not in logs[0].read_text()
+
+
 HUNG_PEER = """\
 import socket, sys, time
 held = []

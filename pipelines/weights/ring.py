@@ -38,6 +38,7 @@ from pipelines.weights.fetch import Fetcher, LocalWriteError
 from pipelines.weights.lock import LockEntry
 from pipelines.weights.options import FetchOptions
 from pipelines.weights.publish import PublishError
+from pipelines.weights.ranges import SourceDown, Stopped
 from pipelines.weights.ringplan import S3, PlannedFile, RingPlan, load_plan
 from pipelines.weights.s3 import S3Url, s3_errors
 from pipelines.weights.sources import NotServed, PeerSource, S3Source
@@ -175,6 +176,9 @@ class Member:
                 for future, f in own_done.items():
                     try:
                         s3_side.settle(f.name, future.result())
+                    except (Stopped, SourceDown) as err:
+                        if not self.s3_down():  # else said once, below
+                            self.report.failed[f.name] = str(err)
                     except PipelineError as err:
                         self.report.failed[f.name] = str(err)
             except BaseException:
@@ -193,8 +197,11 @@ class Member:
             self._complete = not self.report.failed
             self.write_status()
             self.print_progress(force=True)
-            if self.report.failed:
-                raise RingError("\n".join(self.report.failed.values()))
+            down = self.s3_down()
+            if down or self.report.failed:
+                raise RingError(
+                    "\n".join([*([down] if down else []), *self.report.failed.values()])
+                )
             self.linger()
         finally:
             self.stop_polling()
@@ -212,6 +219,11 @@ class Member:
         pool = ThreadPoolExecutor(self.options.files_at_once, "peer-file")
         try:
             while pending or inflight or not all(f.done() for f in own):
+                if self.s3_down():
+                    # This member's share cannot come, so the ring cannot complete: waiting
+                    # peer_wait_s for the others' files would only delay saying so.
+                    fetcher.stop.set()
+                    break
                 for f in list(pending):
                     if len(inflight) >= self.options.files_at_once:
                         break
@@ -249,6 +261,9 @@ class Member:
             fetcher.settle(f.name, future.result())
         except NotServed:
             pending.append(f)  # gone between its status and our GET: ask again
+        except (Stopped, SourceDown) as err:
+            if not self.s3_down():  # else said once, by run
+                self.report.failed[f.name] = str(err)
         except (LocalWriteError, PublishError) as err:
             self.report.failed[f.name] = str(err)  # this disk's fault: no peer is to blame
         except PipelineError as err:
@@ -260,6 +275,10 @@ class Member:
             self.report.refused.setdefault(f.name, []).append(node)
             self.say(f"refused {f.name} from {node}: {err}; asking another source")
             pending.append(f)
+
+    def s3_down(self) -> str | None:
+        """Why S3 refuses this member every object (no access, unreachable), once it has."""
+        return next((f.report.halted for f in self.fetchers if f.report.halted), None)
 
     def choose(self, f: PlannedFile, refused: set[int], since: float) -> int | None:
         """The first peer on f's route that has it, S3 when none can, None to wait."""
