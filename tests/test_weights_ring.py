@@ -32,7 +32,15 @@ from pipelines.statcache import StatCache
 from pipelines.weights.blobs import BlobStore
 from pipelines.weights.blobserver import BlobServer, BlobServerError
 from pipelines.weights.lock import Lock, LockEntry, load_lock
-from pipelines.weights.ringplan import S3, RingNode, describe_plan, load_plan, plan_json, plan_ring
+from pipelines.weights.ringplan import (
+    S3,
+    RingNode,
+    RingPlanError,
+    describe_plan,
+    load_plan,
+    plan_json,
+    plan_ring,
+)
 from pipelines.weights.s3 import S3Url
 from pipelines.weights.sources import NotServed, PeerSource
 from pipelines.weights.synthetic import SyntheticShape, upload_synthetic
@@ -111,6 +119,21 @@ def test_without_links_members_serve_and_reach_each_other_at_management_addresse
     assert plan.members[1].listen == ("192.168.100.12",)
     assert plan.members[1].allow == ("192.168.100.11", "192.168.100.13")
     assert plan.members[1].reach == {0: "192.168.100.11", 2: "192.168.100.13"}
+
+
+def test_two_members_that_would_serve_on_one_address_are_refused_naming_both():
+    # The shipped local-ring: two engines on this machine, both at 127.0.0.1, no links.
+    nodes = [RingNode("ring-a", "127.0.0.1", {}), RingNode("ring-b", "127.0.0.1", {})]
+    with pytest.raises(RingPlanError) as err:
+        plan_ring("m", "s3://b/m", "0" * 64, model_entries(), nodes, 8098)
+    assert str(err.value) == (
+        "members.1 (ring-b) would serve on 127.0.0.1 as members.0 (ring-a) does; expected an"
+        " address of its own (members on one host: give each its links)"
+    )
+    linked = [RingNode("ring-a", "127.0.0.1", {"ring-b": "127.0.0.2"}),
+              RingNode("ring-b", "127.0.0.1", {"ring-a": "127.0.0.3"})]  # fmt: skip
+    plan = plan_ring("m", "s3://b/m", "0" * 64, model_entries(), linked, 8098)
+    assert [m.listen for m in plan.members] == [("127.0.0.2",), ("127.0.0.3",)]
 
 
 def test_plan_is_a_pure_function_and_survives_its_json():

@@ -17,6 +17,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from pipelines.errors import PipelineError
+
 S3 = -1  # the source index of the bucket in a route
 
 
@@ -107,6 +109,26 @@ def assign_owners(files: Sequence[tuple[str, int]], members: int) -> dict[str, i
     return owners
 
 
+class RingPlanError(PipelineError):
+    """The members cannot each serve their blobs where their peers reach them."""
+
+
+def shared_listen_addresses(members: Sequence[PlannedMember]) -> None:
+    """Refuse two members serving on one address: the second server could not bind it, and a
+    peer could not tell them apart (members on one host need links of their own)."""
+    seen: dict[str, PlannedMember] = {}
+    for member in members:
+        for address in member.listen:
+            if address in seen:
+                first = seen[address]
+                raise RingPlanError(
+                    f"members.{member.rank} ({member.node}) would serve on {address} as"
+                    f" members.{first.rank} ({first.node}) does; expected an address of its own"
+                    " (members on one host: give each its links)"
+                )
+            seen[address] = member
+
+
 def plan_ring(
     model: str,
     source: str,
@@ -145,6 +167,7 @@ def plan_ring(
             listen = (node.address,)
             allow = tuple(nodes[p].address for p in peers)
         members.append(PlannedMember(rank, node.node, listen, allow, reach, via))
+    shared_listen_addresses(members)
     over = "links" if linked else "management"
     return RingPlan(
         model, source, lock_sha256, port, over, tuple(members), tuple(files), peer_wait_s
