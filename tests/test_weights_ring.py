@@ -497,6 +497,33 @@ def test_ring_members_end_verified_with_one_model_from_s3(ring):
     assert "stage_ring m2: done: 54 files verified" in text
 
 
+def test_a_file_whose_owner_is_still_fetching_is_waited_for_past_peer_wait(ring):
+    # Each owner's share (about 33 MB) takes some 4 s at 64 Mbit/s, far past a peer wait of
+    # 1.5 s counted from the start, which would send the others to S3 for its later files.
+    roots, logs = roots_and_logs(ring, "patient")
+    before = ring.net.s3_bytes_served()
+    members = {
+        r: ringrun.start_member(
+            ring.net,
+            r,
+            ring.credentials,
+            ring.plan_file,
+            roots[r],
+            logs[r],
+            part_mib=1,
+            peer_wait_s=1.5,
+            interval=1,
+            max_mbps=64,
+        )  # fmt: skip
+        for r in range(3)
+    }
+    finish(members, logs)
+    served = ring.net.s3_bytes_served() - before
+    assert ring.model_bytes <= served < 1.05 * ring.model_bytes, served
+    for r in range(3):
+        assert "fetching from S3" not in logs[r].read_text()
+
+
 def test_a_member_killed_mid_way_resumes_from_its_peers(ring):
     roots, logs = roots_and_logs(ring, "killed")
     before = ring.net.s3_bytes_served()

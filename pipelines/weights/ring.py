@@ -131,6 +131,7 @@ class Member:
         # Written only by the pollers, each write a new dict or set under _seen: the loops read
         # them without a lock and never see one change as they iterate it.
         self.statuses: dict[int, dict] = {}
+        self.fetching: dict[int, float] = {}  # peer -> when its bytes from S3 last grew
         self._seen = threading.Lock()
         self._stop_polling = threading.Event()
         self._pollers: list[threading.Thread] = []
@@ -289,8 +290,14 @@ class Member:
         if not route:
             self.say(f"{f.name}: every peer on its route was refused; fetching it from S3")
             return S3
-        if time.monotonic() - since > self.peer_wait_s:
-            self.say(f"{f.name}: no peer had it after {self.peer_wait_s:.0f} s; fetching from S3")
+        # The wait runs from the owner's last S3 progress, not from this member's start: a 101 GB
+        # shard that shares its owner's uplink takes longer than peer_wait_s to arrive, and
+        # fetching it from S3 again would cost the ring what staging saves.
+        if time.monotonic() - max(since, self.fetching.get(f.owner, since)) > self.peer_wait_s:
+            self.say(
+                f"{f.name}: no peer had it, and its owner fetched nothing from S3, for"
+                f" {self.peer_wait_s:.0f} s; fetching from S3"
+            )
             return S3
         return None
 
@@ -373,6 +380,9 @@ class Member:
         with self._seen:
             self.answering = self.answering | {p}
             if isinstance(status, dict):
+                before = self.statuses.get(p, {}).get("from_s3")
+                if status.get("from_s3") != before:
+                    self.fetching = {**self.fetching, p: time.monotonic()}
                 self.statuses = {**self.statuses, p: status}
 
     def write_status(self) -> None:
@@ -450,6 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between lines")
     parser.add_argument("--part-mib", type=int, default=32)
     parser.add_argument(
+        "--max-mbps", type=float, help="cap this member's S3 download (megabits per second)"
+    )
+    parser.add_argument(
         "--stage-into",
         type=Path,
         help="once complete, make this folder the model (hard links to the blobs) and record"
@@ -471,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
         from pipelines.weights.s3 import s3_client
 
         blobs = BlobStore(args.root, StatCache(args.statcache or args.root / "statcache.sqlite3"))
-        options = FetchOptions(part_size=args.part_mib << 20)
+        rate = args.max_mbps * 1e6 / 8 if args.max_mbps else None
+        options = FetchOptions(part_size=args.part_mib << 20, max_rate=rate)
         with s3_errors(plan.source):
             client = s3_client()
             member = Member(

@@ -87,11 +87,13 @@ def start_member(
     part_mib: int = 4,
     peer_wait_s: float = 60,
     interval: float = 1,
+    max_mbps: float | None = None,
 ) -> subprocess.Popen:
     """`python -m pipelines.weights.ring` for member rank, in its namespace, S3 on its uplink."""
     argv = [sys.executable, "-m", "pipelines.weights.ring", "--plan", str(plan_file),
             "--rank", str(rank), "--root", str(root), "--interval", str(interval),
             "--part-mib", str(part_mib), "--peer-wait-s", str(peer_wait_s)]  # fmt: skip
+    argv += ["--max-mbps", str(max_mbps)] if max_mbps else []
     return start_in(net, rank, credentials, argv, log)
 
 
