@@ -4,6 +4,8 @@ a real HTTP server the official client talks to, not a cluster."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -251,6 +253,54 @@ def test_a_group_that_is_not_ready_in_time_is_rolled_back(world):
     assert d.find("InferenceService", "dsv41-flash")["spec"]["image"] == IMAGE_A
     assert world.tags.moves == ["sha256:" + "a" * 64]
     assert outcomes(stage) == ["deployed", "rolled back"]
+
+
+def test_a_restore_the_api_server_refuses_is_recorded_with_what_failed_first(world):
+    deploy(world, IMAGE_A)
+    d = world.double
+    d.script("InferenceService", "dsv41-flash", [service_status("Progressing", 2)])
+    applied = d.events.count("apply InferenceService/dsv41-flash")
+
+    def refuse_once_the_new_group_is_applied() -> None:
+        # From then on, every write to the group is refused: restore cannot put it back.
+        while d.events.count("apply InferenceService/dsv41-flash") == applied:
+            time.sleep(0.001)
+        d.refuse[("PATCH", "inferenceservices")] = 403
+
+    watcher = threading.Thread(target=refuse_once_the_new_group_is_applied, daemon=True)
+    watcher.start()
+    stage = deploy_stage(world, IMAGE_B, timeout_s=0.5)
+    try:
+        with pytest.raises(DeployError) as err:
+            stage.deploy()
+    finally:
+        stage.backend.close()
+        d.refuse.clear()
+    [line] = str(err.value).splitlines()
+    assert line.startswith("deploy tp3-ring: InferenceService/dsv41-flash: not done after 0.5 s")
+    assert "; putting the previous deployment back failed: restore incomplete: " in line
+    last = stage.records.history()[-1]
+    assert last["outcome"] == "rolled back" and last["reason"].startswith("InferenceService/")
+    assert last["restore"].startswith("restore incomplete: ")
+
+
+def test_a_stable_tag_that_cannot_move_is_recorded_on_a_deployment_that_serves(world):
+    def refuse(digest: str) -> str:
+        raise PipelineError("registry ghcr.io: 503 Service Unavailable: nothing promoted")
+
+    world.tags.promote = refuse  # the registry's answer, as the images stage says it
+    stage = deploy_stage(world, IMAGE_A)
+    try:
+        with pytest.raises(DeployError) as err:
+            stage.deploy()
+    finally:
+        stage.backend.close()
+    assert "serves, but :stable was not moved: registry ghcr.io: 503" in str(err.value)
+    [last] = stage.records.history()
+    assert last["outcome"] == "deployed"
+    assert (
+        last["stable"] == "not moved: registry ghcr.io: 503 Service Unavailable: nothing promoted"
+    )
 
 
 def test_a_status_written_for_the_previous_spec_is_not_taken_for_ready(world):
