@@ -353,8 +353,14 @@ class Member:
 
     def poll_peer(self, p: int) -> None:
         """Refresh peer p's status every poll_s until told to stop."""
+        said = None
         while not self._stop_polling.is_set():
-            self.refresh_peer(p)
+            try:
+                self.refresh_peer(p)
+            except Exception as err:  # noqa: BLE001 - a dead poller would leave p unseen, unsaid
+                if str(err) != said:  # once per new error, not once per poll
+                    said = str(err)
+                    self.say(f"reading {self.plan.members[p].node}'s status: {err}; trying again")
             self._stop_polling.wait(self.poll_s)
 
     def refresh_peer(self, p: int) -> None:
