@@ -21,20 +21,21 @@ M = TypeVar("M", bound="Strict")
 FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class SAFE_LOADER(FAST_LOADER):  # noqa: N801 - the loader's name where yaml.load is called
-    """The safe loader, refusing a key given twice in one mapping (YAML keeps the last, so a
-    repeated field would silently win over the one a reader sees first)."""
+class UniqueKeyLoader(FAST_LOADER):
+    """The safe loader, refusing a key given twice in a mapping (YAML keeps the last, silently)."""
 
     def construct_mapping(self, node, deep=False):
         """The mapping, or a ConstructorError at the second occurrence of a key."""
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, str) and key in seen:
+            if not isinstance(key, str):
+                continue
+            if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"key {key!r} given twice", key_node.start_mark
                 )
-            seen.add(key if isinstance(key, str) else id(key_node))
+            seen.add(key)
         return super().construct_mapping(node, deep)
 
 
@@ -68,7 +69,7 @@ def validate(data: Any, model: type[M]) -> M:
 def load_yaml_model(path: Path, model: type[M], error: type[PipelineError] = PipelineError) -> M:
     """Parse the YAML file at path and validate it as model, or raise error with one line."""
     try:
-        data = yaml.load(path.read_text(), Loader=SAFE_LOADER)
+        data = yaml.load(path.read_text(), Loader=UniqueKeyLoader)
     except FileNotFoundError:
         raise error(f"{path}: file not found") from None
     except UnicodeDecodeError as err:

@@ -114,9 +114,8 @@ def read_range(
 def s3_error(client, err: Exception, url: S3Url, key: str, etag: str | None) -> RangeError:
     """The one line for a failed GET: SourceDown when no other object would fare better."""
     endpoint = client.meta.endpoint_url
-    if isinstance(
-        err, botocore.exceptions.ConnectionError | botocore.exceptions.NoCredentialsError
-    ):
+    # No NoCredentialsError here: s3_client refuses to make a client without credentials.
+    if isinstance(err, botocore.exceptions.ConnectionError):
         return SourceDown(f"S3 endpoint {endpoint}: unreachable ({type(err).__name__})")
     code = getattr(err, "response", {}).get("Error", {}).get("Code")
     if code in ENDPOINT_CODES:
