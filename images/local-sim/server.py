@@ -838,10 +838,11 @@ class Stream:
             h.send_header("Content-Type", "text/event-stream; charset=utf-8")
             h.send_header("Transfer-Encoding", "chunked")
             h.end_headers()
-        admitted_wall = None
+        holds_slot = False
         try:
             # Prefill starts at receipt when a slot is free, else when one frees up.
             waited = engine.admit()
+            holds_slot = True
             admitted = time.monotonic() if waited else self.received_mono
             admitted_wall = time.time() if waited else self.record["received"]
             self.record.update(admitted=admitted_wall, status="running")
@@ -853,15 +854,21 @@ class Stream:
                 if self.include_usage:
                     self.emit(self.final_usage_chunk(), 0)
                 h.write_chunk(b"data: [DONE]\n\n")
+            # Done (truth, metrics, slot) before the body's last bytes leave: a client that
+            # reads /sim/requests or /metrics the moment its response ends sees it finished.
+            self.finish("ok", self.reply.finish_reason)
+            engine.release()
+            holds_slot = False
+            if self.streaming:
                 h.write_chunk(b"")
             else:
                 h.send_json(200, self.response())
-            self.finish("ok", self.reply.finish_reason)
         except ClientGone:
             h.close_connection = True
-            self.finish("aborted", "abort")
+            if self.record["finished"] is None:
+                self.finish("aborted", "abort")
         finally:
-            if admitted_wall is not None:
+            if holds_slot:
                 engine.release()
 
     def paced(self, first_deadline: float) -> None:
