@@ -37,6 +37,9 @@ def test_profiles_agree_with_the_domain_facts():
     assert (tp4.sglang.context_length, tp4.sglang.max_total_tokens) == (1_048_576, 8_000_000)
     assert (tp4.sglang.max_running_requests, tp4.sglang.mem_fraction_static) == (8, 0.80)
     assert tp4.fabric.patched_nccl and not tp3.fabric.patched_nccl
+    # Both gate on figures measured with DSpark k=5: they run what was measured.
+    assert tp3.vllm.speculative.num_speculative_tokens == 5
+    assert tp4.sglang.speculative.num_speculative_tokens == 5
     assert set(available_profiles()) >= {"local", "tp3-ring", "tp4-ring"}
 
 
