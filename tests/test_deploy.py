@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import docker
+import msgspec
 import pytest
 import requests
 import yaml
@@ -513,7 +515,76 @@ def test_a_profile_asking_for_it_gets_each_members_hygiene_applied_before_apply(
     assert done < next(i for i, line in enumerate(lines) if "smoke completion" in line)
 
 
-def test_preflight_checks_that_every_member_mounts_the_same_patched_nccl(world, stack, tmp_path):
+@pytest.fixture
+def ring_links():
+    """Two real netdevs on this host (a veth pair): the first at MTU 9000, the other at 1500."""
+    jumbo, standard = (f"sf{secrets.token_hex(3)}{end}" for end in "js")
+    subprocess.run(["ip", "link", "add", jumbo, "type", "veth", "peer", "name", standard],
+                   check=True)  # fmt: skip
+    try:
+        subprocess.run(["ip", "link", "set", jumbo, "mtu", "9000"], check=True)
+        yield jumbo, standard
+    finally:
+        subprocess.run(["ip", "link", "del", jumbo], check=False)
+
+
+def rdma_device(root: Path, name: str, ndev: str, state="4: ACTIVE", kind="RoCE v2", gid=3):
+    """An RDMA device as the kernel's sysfs shows it (drivers/infiniband/core/sysfs.c): port 1's
+    state, and the type and netdev of the GID at index gid."""
+    port = root / name / "ports" / "1"
+    for attribute, value in (("types", kind), ("ndevs", ndev)):
+        (port / "gid_attrs" / attribute).mkdir(parents=True, exist_ok=True)
+        (port / "gid_attrs" / attribute / str(gid)).write_text(value + "\n")
+    (port / "state").write_text(state + "\n")
+
+
+def test_preflight_checks_each_fabric_device_port_gid_and_mtu(world, stack, tmp_path, ring_links):
+    deployed(world)
+    deployment = Deployment.from_record(NAME, records(world)[-1]["deployment"])
+    jumbo, standard = ring_links
+    rdma = tmp_path / "infiniband"
+    rdma_device(rdma, "rocep1s0f0", jumbo)
+    rdma_device(rdma, "rocep1s0f1", standard)
+    rdma_device(rdma, "roceP2p1s0f0", jumbo, state="1: DOWN")
+    rdma_device(rdma, "roceP2p1s0f1", jumbo, kind="IB/RoCE v1")
+    ring = load_profile("tp4-ring")
+    typo = msgspec.structs.replace(
+        ring, fabric=msgspec.structs.replace(ring.fabric, ib_hca=["rocep1s0f0:1", "rocep1s0f2"])
+    )
+    found = {}
+    for case, profile, sysfs in [
+        ("ring", ring, str(rdma)),
+        ("typo", typo, str(rdma)),
+        ("this host", ring, None),  # its own /sys: no RDMA device at all
+    ]:
+        backend = DockerHosts(profile, stack.docker_hosts, 10, rdma_sysfs=sysfs)
+        try:
+            found[case] = backend.preflight(deployment, False, 0)
+        finally:
+            backend.close()
+
+    assert found["ring"] == [
+        f"member localhost: fabric device rocep1s0f1 port 1 (netdev {standard}): MTU 1500,"
+        " expected 9000 (fabric.mtu)",
+        "member localhost: fabric device roceP2p1s0f0 port 1: state '1: DOWN', expected ACTIVE"
+        " (its link or neighbour down?)",
+        "member localhost: fabric device roceP2p1s0f1 port 1: GID index 3 is IB/RoCE v1, expected"
+        " RoCE v2 (fabric.ib_gid_index)",
+    ]
+    assert found["typo"] == [
+        "member localhost: fabric device rocep1s0f2: not on this host (it has: roceP2p1s0f0,"
+        " roceP2p1s0f1, rocep1s0f0, rocep1s0f1), expected every device of fabric.ib_hca"
+    ]
+    assert found["this host"] == [
+        f"member localhost: fabric device {hca}: not on this host (it has: none), expected every"
+        " device of fabric.ib_hca"
+        for hca in ring.fabric.ib_hca
+    ]
+
+
+def test_preflight_checks_that_every_member_mounts_the_same_patched_nccl(
+    world, stack, tmp_path, ring_links
+):
     deployed(world)
     base = records(world)[-1]["deployment"]["documents"][0]
     libraries = {}
@@ -540,7 +611,12 @@ def test_preflight_checks_that_every_member_mounts_the_same_patched_nccl(world, 
         engines = (stack.docker_hosts[0],) * len(names)
         return Deployment("tp4-ring", "k", plans, base["image"], engines)
 
-    backend = DockerHosts(load_profile("tp4-ring"), (), 10)  # its fabric asks for sparkring
+    # Its fabric asks for sparkring; its devices are all up, RoCE v2 at MTU 9000.
+    rdma = tmp_path / "infiniband"
+    profile = load_profile("tp4-ring")
+    for hca in profile.fabric.ib_hca:
+        rdma_device(rdma, hca, ring_links[0])
+    backend = DockerHosts(profile, (), 10, rdma_sysfs=str(rdma))
     try:
         same = backend.preflight(ring("patched", "patched"), False, 0)
         mixed = backend.preflight(ring("patched", "rebuilt", "stock"), False, 0)

@@ -65,6 +65,9 @@ class DockerHosts:
     profile: Profile
     local_engines: tuple[str, ...]  # the local stack's engines, one per local_stack member
     timeout_s: float
+    # A host folder that stands in for the members' /sys/class/infiniband in preflight (a
+    # machine without RDMA devices); None: each member's own.
+    rdma_sysfs: str | None = None
     _clients: dict[str, Any] = field(default_factory=dict, repr=False)
     _tunnels: list[Tunnel] = field(default_factory=list, repr=False)
 
@@ -128,9 +131,13 @@ class DockerHosts:
         from docker.types import Mount
 
         ring_only = bool(self.profile.fabric and self.profile.fabric.patched_nccl)
+        rdma = "/rdma" if self.rdma_sysfs else preflight.RDMA_SYSFS
+        fabric = preflight.fabric_needs(self.profile.fabric, rdma)
         found, nccl = [], {}
         for member, plan in deployment.members():
-            needs = member_needs(plan, swap_off, min_free, lock_sha256, ring_only)
+            needs = member_needs(plan, swap_off, min_free, lock_sha256, ring_only, fabric)
+            if fabric and self.rdma_sysfs:
+                needs.mounts.append((rdma, self.rdma_sysfs))
             try:
                 client = self.client(member)
                 self.pull(client, member, plan["image"])
@@ -139,7 +146,8 @@ class DockerHosts:
                     ["python3", "-c", preflight.SCRIPT, json.dumps(needs.args)],
                     entrypoint=[],
                     remove=True,
-                    network_mode="none",
+                    # The host's: a netdev's MTU is in the sysfs of the network namespace it is in.
+                    network_mode="host" if fabric else "none",
                     mounts=[Mount(t, s, type="bind", read_only=True) for t, s in needs.mounts],
                 )
             except DeployError as err:
