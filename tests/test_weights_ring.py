@@ -684,3 +684,85 @@ def test_a_peer_that_accepts_and_never_answers_stalls_no_other_member(ring):
         assert_only_right_blobs(roots[r], ring.lock)
         assert status(roots[r])["complete"]
         assert "done: 54 files verified" in logs[r].read_text()
+
+
+# A peer that says it holds every file, then never answers a file's GET, or stops sending in the
+# middle of each body.
+STALLING_PEER = """\
+import json, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+port, status, sizes, where = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        if self.path == "/status.json":
+            body = status.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        if where == "answer":
+            time.sleep(3600)
+        size = sizes[self.path.rsplit("/", 1)[1]]
+        start, end = map(int, self.headers["Range"].removeprefix("bytes=").split("-"))
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.send_header("Content-Length", str(end - start + 1))
+        self.end_headers()
+        self.wfile.write(bytes(min(4096, end - start)))
+        self.wfile.flush()
+        time.sleep(3600)
+
+for address in sys.argv[5:]:
+    threading.Thread(target=ThreadingHTTPServer((address, port), Handler).serve_forever).start()
+print("listening", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("where", "said"),
+    [("answer", "sent no answer for 15 s"), ("body", "sent nothing for 15 s in bytes ")],
+)
+def test_a_peer_that_stops_sending_is_asked_for_nothing_more(ring, where, said):
+    roots, logs = roots_and_logs(ring, f"stalling-{where}")
+    plan = load_plan(ring.plan_file.read_text())
+    everything = {f.sha256: f.size for f in plan.files}
+    claims = {"rank": 2, "node": "m2", "lock_sha256": plan.lock_sha256,
+              "published": sorted(everything), "done": 0, "total": sum(everything.values()),
+              "from_s3": 0, "from_peers": 0, "complete": False}  # fmt: skip
+    stalling = ring.net.popen(
+        2,
+        [sys.executable, "-c", STALLING_PEER, str(plan.port), json.dumps(claims),
+         json.dumps(everything), where, *plan.members[2].listen],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    members = {}
+    try:
+        assert stalling.stdout.readline() == b"listening\n"
+        started = time.monotonic()
+        members = {r: start_member(ring, r, roots[r], logs[r], peer_wait_s=5) for r in (0, 1)}
+        # m2's files stall once, for the peer read timeout (15 s), then come from elsewhere; a
+        # range retried against m2, or m2 asked for its next file, costs 15 s more each time.
+        for rank, process in members.items():
+            left = max(75 - (time.monotonic() - started), 0.1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=left)
+            assert process.returncode == 0, (
+                f"member {rank} not done {time.monotonic() - started:.0f} s after start with"
+                f" m2 stalling:\n{logs[rank].read_text()[-3000:]}"
+            )
+    finally:
+        for process in [stalling, *members.values()]:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    for r in (0, 1):
+        text = logs[r].read_text()
+        assert_only_right_blobs(roots[r], ring.lock)
+        assert "done: 54 files verified" in text
+        assert f" from m2: {said}" in text, text[-3000:]
+        assert text.count("asking m2 for nothing more") == 1, text[-3000:]

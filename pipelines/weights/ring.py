@@ -41,7 +41,13 @@ from pipelines.weights.publish import PublishError
 from pipelines.weights.ranges import SourceDown, Stopped
 from pipelines.weights.ringplan import S3, PlannedFile, RingPlan, load_plan
 from pipelines.weights.s3 import S3Url, s3_errors
-from pipelines.weights.sources import NotServed, PeerSource, S3Source
+from pipelines.weights.sources import (
+    PEER_READ_TIMEOUT_S,
+    NotServed,
+    PeerSource,
+    PeerStalled,
+    S3Source,
+)
 
 # A status.json is a few KB from a neighbour: a peer that takes longer is hung, not busy.
 STATUS_TIMEOUT_S = 3.0
@@ -118,7 +124,7 @@ class Member:
             p: PeerSource(
                 urllib3.PoolManager(
                     maxsize=options.workers,
-                    timeout=urllib3.Timeout(connect=5, read=60),
+                    timeout=urllib3.Timeout(connect=5, read=PEER_READ_TIMEOUT_S),
                     source_address=(self.me.via[p], 0),
                 ),
                 f"http://{address}:{plan.port}",
@@ -132,6 +138,7 @@ class Member:
         # them without a lock and never see one change as they iterate it.
         self.statuses: dict[int, dict] = {}
         self.fetching: dict[int, float] = {}  # peer -> when its bytes from S3 last grew
+        self.stalled: set[int] = set()  # peers that went silent mid-body
         self._seen = threading.Lock()
         self._stop_polling = threading.Event()
         self._pollers: list[threading.Thread] = []
@@ -262,6 +269,13 @@ class Member:
             fetcher.settle(f.name, future.result())
         except NotServed:
             pending.append(f)  # gone between its status and our GET: ask again
+        except PeerStalled as err:
+            # Hung, not wrong: every file it serves would stall alike, so none is asked of it.
+            if source not in self.stalled:
+                self.stalled = self.stalled | {source}
+                node = self.plan.members[source].node
+                self.say(f"{err}; asking {node} for nothing more")
+            pending.append(f)
         except (Stopped, SourceDown) as err:
             if not self.s3_down():  # else said once, by run
                 self.report.failed[f.name] = str(err)
@@ -283,7 +297,9 @@ class Member:
 
     def choose(self, f: PlannedFile, refused: set[int], since: float) -> int | None:
         """The first peer on f's route that has it, S3 when none can, None to wait."""
-        route = [p for p in f.routes[self.rank] if p != S3 and p not in refused]
+        route = [
+            p for p in f.routes[self.rank] if p != S3 and p not in refused and p not in self.stalled
+        ]
         for p in route:
             if f.sha256 in self.statuses.get(p, {}).get("published", ()):
                 return p

@@ -22,8 +22,17 @@ from pipelines.weights.s3 import S3Url
 OnBytes = Callable[[int], None]
 
 
+# A peer serves from its own disk over a direct link: one that sends nothing for this long
+# mid-body is hung, and asking it again would cost each range this long once more.
+PEER_READ_TIMEOUT_S = 15
+
+
 class NotServed(PipelineError):
     """The source does not serve this file (not there yet, refused, or unreachable)."""
+
+
+class PeerStalled(RangeError):
+    """A peer that sent nothing for PEER_READ_TIMEOUT_S: no answer, or a body stopped halfway."""
 
 
 class S3Source:
@@ -88,12 +97,18 @@ class PeerSource:
                     preload_content=False,
                     retries=False,
                 )
+            except urllib3.exceptions.ReadTimeoutError:
+                raise PeerStalled(f"{what}: sent no answer for {PEER_READ_TIMEOUT_S} s") from None
             except urllib3.exceptions.HTTPError as err:
                 raise NotServed(f"{what}: unreachable ({type(err).__name__})") from None
             try:
                 self._check(response, entry, start, end, what)
                 read_body(response.readinto, view, what, stop, on_bytes, throttle)
                 return
+            except (urllib3.exceptions.ReadTimeoutError, TimeoutError):
+                raise PeerStalled(
+                    f"{what}: sent nothing for {PEER_READ_TIMEOUT_S} s in bytes {start}-{end}"
+                ) from None
             except BROKEN_BODY as err:
                 if attempt == self.retries:
                     raise RangeError(
