@@ -13,6 +13,9 @@ from pipelines.paths import DEFAULT_STORE, PROFILES_DIR
 STORE_ENV = "SPARKFORGE_STORE"
 WEIGHTS_ENV = "SPARKFORGE_WEIGHTS"
 BUILDER_ENV = "SPARKFORGE_BUILDER"
+# A deploy's wait for its members to serve: twice the 8 minutes a Spark ring's group can take
+# to come back after a change (domain.md); 300 s rolled back deploys that would have served.
+DEPLOY_TIMEOUT_S = 960.0
 # Names whose values are secrets: never rendered, printed or stored (checked on output).
 SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|ACCESS_KEY|SIGNING_KEY", re.IGNORECASE)
 
@@ -28,8 +31,8 @@ class Settings:
     fetch_max_mbps: float | None
     fetch_durable: bool
     builder: str | None
-    deploy_timeout_s: float = 300.0
-    stage_timeout_s: float = 6 * 3600.0  # the ring staging Jobs' wait (Kubernetes)
+    deploy_timeout_s: float = DEPLOY_TIMEOUT_S
+    stage_timeout_s: float = 6 * 3600.0  # the waits that stage weights (Kubernetes)
     # A folder of profiles kept outside the checkout (a lab's own), else the checkout's.
     profiles: Path = PROFILES_DIR
     # Pushes and tags go under <registry>/<namespace> (a lab's, or a test's own).
@@ -97,7 +100,7 @@ def read_settings(environ: Mapping[str, str]) -> Settings:
         fetch_max_mbps=positive(environ, "SPARKFORGE_FETCH_MAX_MBPS"),
         fetch_durable=environ.get("SPARKFORGE_FETCH_FSYNC", "1") != "0",
         builder=environ.get(BUILDER_ENV) or None,
-        deploy_timeout_s=positive(environ, "SPARKFORGE_DEPLOY_TIMEOUT") or 300.0,
+        deploy_timeout_s=positive(environ, "SPARKFORGE_DEPLOY_TIMEOUT") or DEPLOY_TIMEOUT_S,
         stage_timeout_s=positive(environ, "SPARKFORGE_STAGE_TIMEOUT") or 6 * 3600.0,
         profiles=Path(environ.get("SPARKFORGE_PROFILES") or PROFILES_DIR).absolute(),
         registry_namespace=registry_namespace(environ),

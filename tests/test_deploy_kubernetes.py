@@ -575,3 +575,24 @@ def test_the_ring_staging_jobs_wait_on_their_own_timeout_not_the_deploys(world, 
     apply(60.0)
     events = world.double.events
     assert "status Job/dsv41-flash-stage-weights-0 Complete" in " | ".join(events)
+
+
+def test_the_models_download_waits_on_the_staging_timeout_not_the_deploys(world):
+    # The shipped tp3 lock is not complete: the operator downloads the model (460 GB) itself,
+    # here for 1500 reads, far past the deploy's 0.2 s.
+    slow = [{"phase": "Downloading"}] * 1500 + [{"phase": "Ready"}]
+    world.double.script("Model", "dsv41-flash-exl3", slow)
+    with pytest.raises(DeployError) as short:
+        deploy(world, IMAGE_A, timeout_s=60.0, stage_timeout_s=0.2)
+    assert "Model/dsv41-flash-exl3: not done after 0.2 s (phase Downloading)" in str(short.value)
+
+    world.double.script("Model", "dsv41-flash-exl3", slow)
+    stage = deploy(world, IMAGE_A, timeout_s=0.2, stage_timeout_s=60.0)
+    assert outcomes(stage)[-1] == "deployed"
+
+
+def test_a_deploy_waits_by_default_longer_than_a_ring_group_takes_to_come_back():
+    # domain.md: any change to the group recreates all members, 2 to 8 minutes on a Spark ring.
+    settings = read_settings({})
+    assert settings.deploy_timeout_s >= 2 * 8 * 60
+    assert settings.stage_timeout_s >= 6 * 3600  # 460 GB through one storage uplink

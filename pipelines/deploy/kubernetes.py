@@ -224,8 +224,14 @@ class Kubernetes:
     def _wait_phase(self, name: str, docs: list[dict[str, Any]]) -> None:
         """Wait for what a phase must finish: the Model staged, every Job complete."""
         if name == "Model":
+            # Where the lock is not complete the operator downloads the model itself (460 GB):
+            # staging, on staging's clock.
             for doc in docs:
-                self._poll(f"Model/{doc['metadata']['name']}", lambda d=doc: self._model(d))
+                self._poll(
+                    f"Model/{doc['metadata']['name']}",
+                    lambda d=doc: self._model(d),
+                    self.kube.stage_timeout_s,
+                )
         elif name.startswith("jobs "):
             timeout = self.kube.stage_timeout_s if name == STAGING_PHASE else None
             self._poll(name, lambda: self._jobs(docs), timeout)
