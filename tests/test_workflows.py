@@ -1,6 +1,6 @@
 """The GitHub workflows pass actionlint (with shellcheck) and zizmor, offline; both fail on an
 action that is not pinned by commit SHA; the README names every secret and variable they use;
-deploy stages the Docker-host rings' weights."""
+deploy stages the Docker-host rings' weights, and outlasts its own waits."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+
+from pipelines.settings import read_settings
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -144,3 +147,10 @@ def test_deploy_stages_the_weights_of_exactly_the_docker_host_rings():
     expected = {name: load_profile(name).deploy == "docker" for name in profiles}
     assert staged == expected
     assert True in staged.values()
+
+
+def test_the_deploy_job_outlasts_its_own_waits():
+    job = yaml.safe_load((REPO / ".github" / "workflows" / "deploy.yml").read_text())["jobs"]
+    (deploy,) = job.values()
+    waits = read_settings({})
+    assert deploy["timeout-minutes"] * 60 > waits.stage_timeout_s + waits.deploy_timeout_s
