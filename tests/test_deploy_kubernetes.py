@@ -531,7 +531,7 @@ def test_ring_staging_jobs_run_on_every_member_before_the_model(world, tmp_path)
     assert SECRET not in rendered and "lab-key-id" not in rendered
 
 
-def test_a_new_lock_restages_every_member_and_patches_its_config_again(world, tmp_path):
+def test_a_new_lock_restages_patches_preps_every_member_and_recreates_the_group(world, tmp_path):
     from pipelines.deploy.kubernetes import Kubernetes
 
     def deploy(folder: Path) -> dict[str, str]:
@@ -540,16 +540,20 @@ def test_a_new_lock_restages_every_member_and_patches_its_config_again(world, tm
             changes = backend.apply(backend.load("k" * 64, folder))
         finally:
             backend.close()
-        return {c.name: c.line(False) for c in changes if c.kind == "Job"}
+        return {c.name: c.line(False) for c in changes if c.kind in ("Job", "InferenceService")}
 
     access = KubeAccess(str(world.kubeconfig), poll_s=0.001)
     deploy(staged_tp3_documents(tmp_path / "v1", "v1"))
     again = deploy(staged_tp3_documents(tmp_path / "v1-again", "v1"))
     new = deploy(staged_tp3_documents(tmp_path / "v2", "v2"))
     for r in range(3):
-        for job in (f"dsv41-flash-stage-weights-{r}", f"dsv41-flash-tp3-patch-{r}"):
-            assert "replaced" not in again[job], again[job]
-            assert "replaced" in new[job], new[job]
+        # The new bytes' page cache dropped again before the group starts (node prep).
+        for job in ("stage-weights", "tp3-patch", "node-prep"):
+            assert "replaced" not in again[f"dsv41-flash-{job}-{r}"], again
+            assert "replaced" in new[f"dsv41-flash-{job}-{r}"], new
+    # The same file names with other bytes: the group is recreated, not left serving the old.
+    assert again["dsv41-flash"].endswith(" unchanged"), again["dsv41-flash"]
+    assert new["dsv41-flash"].endswith(" configured"), new["dsv41-flash"]
 
 
 def test_the_ring_staging_jobs_wait_on_their_own_timeout_not_the_deploys(world, tmp_path):

@@ -28,6 +28,8 @@ STAGING_COMPONENT = "weights-staging"  # the staging objects' app.kubernetes.io/
 # is immutable), so what a Job's work depends on beyond its body must be hashed into it.
 PLAN_ANNOTATION = "sparkforge.dev/ring-plan-sha256"
 STAGE_JOB_ANNOTATION = "sparkforge.dev/stage-job-sha256"
+# In the group's env: the ring plan its members' weights were staged by.
+WEIGHTS_ENV = "SPARKFORGE_RING_PLAN_SHA256"
 
 
 def fabric_env(profile: Profile) -> dict[str, str]:
@@ -93,12 +95,14 @@ def staging_context(
     if staging is None:
         return None
     image, plan = staging
+    digest = hashlib.sha256(plan.encode()).hexdigest()
     return {
         "image": image,
         "plan": plan,
+        "plan_sha256": digest,
         # A new lock changes only the plan's ConfigMap: without its hash in the Job, the
         # Complete stage Jobs would stay and the ring would keep serving the old bytes.
-        "annotations": {PLAN_ANNOTATION: hashlib.sha256(plan.encode()).hexdigest()},
+        "annotations": {PLAN_ANNOTATION: digest},
         "cache": STAGING_CACHE,
         # Blobs beside the model folders, on the claim's filesystem (staging links, never copies).
         "root": f"{STAGING_CACHE}/.sparkforge",
@@ -122,16 +126,21 @@ def render_context(
     key = cache_key(lock.source)
     k8s = profile.kubernetes
     labels = {"app.kubernetes.io/part-of": "sparkforge", "sparkforge/profile": profile.name}
+    stage = staging_context(labels, staging)
     env = {
         **fabric_env(profile),
         **profile.env,
         **cache_env(),
         "CUDA_EXL3_MODEL_PATH": f"/models/{key}",
+        # New bytes under the same file names change no other field of the group, which would
+        # serve on from what it loaded (reading Engram rows from the new files): naming the
+        # plan here recreates the group whenever the stage Jobs run again.
+        **({WEIGHTS_ENV: stage["plan_sha256"]} if stage else {}),
     }
     return {
         "namespace": k8s.namespace,
         "labels": labels,
-        "staging": staging_context(labels, staging),
+        "staging": stage,
         "model": {
             "key": key,
             "name": profile.model.lock,
@@ -220,7 +229,10 @@ def render_kubernetes(
             annotations = {STAGE_JOB_ANNOTATION: staged} if staged else {}
             add("40", "job-tp3-patch.yaml.j2", {"member": member, "annotations": annotations})
     for member in context["members"]:
-        add("50", "job-node-prep.yaml.j2", {"member": member})
+        # A re-stage leaves the new bytes as page cache: node prep must run again after it.
+        staged = stage_jobs.get(member["rank"])
+        annotations = {STAGE_JOB_ANNOTATION: staged} if staged else {}
+        add("50", "job-node-prep.yaml.j2", {"member": member, "annotations": annotations})
     add("60", "inferenceservice.yaml.j2")
     return docs
 
