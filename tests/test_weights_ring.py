@@ -637,6 +637,37 @@ def test_a_member_s3_refuses_stops_at_once_in_one_line_not_after_peer_wait(ring)
     assert wrong["AWS_SECRET_ACCESS_KEY"] not in logs[0].read_text()
 
 
+def stage_beside_a_broken_m2(
+    ring: Ring, roots: dict[int, Path], logs: dict[int, Path], peer: list[str], within_s: float
+) -> None:
+    """Run peer (a script and its arguments, then m2's addresses) in m2's namespace in m2's
+    place, and m0 and m1 beside it (peer_wait_s 5): both must be done within within_s."""
+    plan = load_plan(ring.plan_file.read_text())
+    broken = ring.net.popen(
+        2,
+        [sys.executable, "-c", *peer, *plan.members[2].listen],
+        stdout=subprocess.PIPE,
+    )
+    members = {}
+    try:
+        assert broken.stdout.readline() == b"listening\n"
+        started = time.monotonic()
+        members = {r: start_member(ring, r, roots[r], logs[r], peer_wait_s=5) for r in (0, 1)}
+        for rank, process in members.items():
+            left = max(within_s - (time.monotonic() - started), 0.1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=left)
+            assert process.returncode == 0, (
+                f"member {rank} not done {time.monotonic() - started:.0f} s after start beside"
+                f" the broken m2:\n{logs[rank].read_text()[-3000:]}"
+            )
+    finally:
+        for process in [broken, *members.values()]:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
 HUNG_PEER = """\
 import socket, sys, time
 held = []
@@ -654,32 +685,10 @@ time.sleep(3600)  # the kernel accepts every connection; nothing ever answers
 def test_a_peer_that_accepts_and_never_answers_stalls_no_other_member(ring):
     roots, logs = roots_and_logs(ring, "hung")
     plan = load_plan(ring.plan_file.read_text())
-    hung = ring.net.popen(
-        2,
-        [sys.executable, "-c", HUNG_PEER, str(plan.port), *plan.members[2].listen],
-        stdout=subprocess.PIPE,
-    )
-    members = {}
-    try:
-        assert hung.stdout.readline() == b"listening\n"
-        started = time.monotonic()
-        # m2 owns a third of the files: after peer_wait_s they come from S3 instead.
-        members = {r: start_member(ring, r, roots[r], logs[r], peer_wait_s=5) for r in (0, 1)}
-        # Unstalled, each finishes in about peer_wait_s (m2's share) + 5 s linger + transfers;
-        # a loop blocked on m2's status for a minute per pass would take many minutes.
-        for rank, process in members.items():
-            left = max(60 - (time.monotonic() - started), 0.1)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=left)
-            assert process.returncode == 0, (
-                f"member {rank} not done {time.monotonic() - started:.0f} s after start with"
-                f" m2 hung:\n{logs[rank].read_text()[-3000:]}"
-            )
-    finally:
-        for process in [hung, *members.values()]:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    # m2 owns a third of the files: after peer_wait_s they come from S3 instead. Unstalled, each
+    # finishes in about peer_wait_s (m2's share) + 5 s linger + transfers; a loop blocked on m2's
+    # status for a minute per pass would take many minutes.
+    stage_beside_a_broken_m2(ring, roots, logs, [HUNG_PEER, str(plan.port)], within_s=60)
     for r in (0, 1):
         assert_only_right_blobs(roots[r], ring.lock)
         assert status(roots[r])["complete"]
@@ -734,32 +743,10 @@ def test_a_peer_that_stops_sending_is_asked_for_nothing_more(ring, where, said):
     claims = {"rank": 2, "node": "m2", "lock_sha256": plan.lock_sha256,
               "published": sorted(everything), "done": 0, "total": sum(everything.values()),
               "from_s3": 0, "from_peers": 0, "complete": False}  # fmt: skip
-    stalling = ring.net.popen(
-        2,
-        [sys.executable, "-c", STALLING_PEER, str(plan.port), json.dumps(claims),
-         json.dumps(everything), where, *plan.members[2].listen],
-        stdout=subprocess.PIPE,
-    )  # fmt: skip
-    members = {}
-    try:
-        assert stalling.stdout.readline() == b"listening\n"
-        started = time.monotonic()
-        members = {r: start_member(ring, r, roots[r], logs[r], peer_wait_s=5) for r in (0, 1)}
-        # m2's files stall once, for the peer read timeout (15 s), then come from elsewhere; a
-        # range retried against m2, or m2 asked for its next file, costs 15 s more each time.
-        for rank, process in members.items():
-            left = max(75 - (time.monotonic() - started), 0.1)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=left)
-            assert process.returncode == 0, (
-                f"member {rank} not done {time.monotonic() - started:.0f} s after start with"
-                f" m2 stalling:\n{logs[rank].read_text()[-3000:]}"
-            )
-    finally:
-        for process in [stalling, *members.values()]:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    # m2's files stall once, for the peer read timeout (15 s), then come from elsewhere; a range
+    # retried against m2, or m2 asked for its next file, costs 15 s more each time.
+    argv = [STALLING_PEER, str(plan.port), json.dumps(claims), json.dumps(everything), where]
+    stage_beside_a_broken_m2(ring, roots, logs, argv, within_s=75)
     for r in (0, 1):
         text = logs[r].read_text()
         assert_only_right_blobs(roots[r], ring.lock)
