@@ -101,6 +101,22 @@ def test_a_multi_token_chunk_counts_as_its_tokens():
     assert timing.method == CONTINUOUS
 
 
+def test_time_to_first_content_comes_after_the_reasoning():
+    thought = RequestRecord(started=0.0, completion_tokens=4)
+    rows = [(0.1, 0, False, False), (0.5, 1, True, False), (0.7, 2, True, False),
+            (0.9, 3, True, True), (1.1, 4, True, True)]  # fmt: skip
+    thought.events = [Event(*row) for row in rows]
+    plain = RequestRecord(started=0.0, completion_tokens=1)
+    plain.events = [Event(0.1, 0, False, False), Event(0.3, 1, True, True)]
+    reasoning_only = RequestRecord(started=0.0, completion_tokens=1)
+    reasoning_only.events = [Event(0.4, 1, True, False)]
+    assert (request_timing(thought).ttft, request_timing(thought).ttfc) == (0.5, 0.9)
+    assert request_timing(reasoning_only).ttfc is None
+    s = summarize([thought, plain, reasoning_only], 2.0)
+    assert s["median_ttft_ms"] == pytest.approx(400)  # 0.5, 0.3, 0.4
+    assert s["median_ttfc_ms"] == pytest.approx(600) and s["mean_ttfc_ms"] == pytest.approx(600)
+
+
 def test_without_continuous_usage_the_method_says_it_is_estimated():
     spread = RequestRecord(started=0.0, completion_tokens=6)
     spread.events = [Event(t, None, True, True) for t in (1.0, 1.2, 1.4)]

@@ -22,7 +22,8 @@ WINDOW = (129, 641)  # the decode window of one stream: tokens 129..641
 
 @dataclass(frozen=True)
 class Timing:
-    """One request's timings: TTFT, end, tokens, TPOT, ITLs, token arrival times, method."""
+    """One request's timings: TTFT, end, tokens, TPOT, ITLs, token arrival times, method, and
+    the time to first content (after any reasoning; None when no content came)."""
 
     ttft: float
     e2el: float
@@ -31,6 +32,7 @@ class Timing:
     itls: list[float]
     arrivals: list[float]
     method: str
+    ttfc: float | None = None
 
 
 def token_arrivals(record: RequestRecord) -> tuple[list[float], str]:
@@ -61,7 +63,8 @@ def request_timing(record: RequestRecord) -> Timing | None:
     ttft, e2el = carrying[0].t, carrying[-1].t
     n = len(arrivals)
     tpot = (e2el - ttft) / (n - 1) if n > 1 else None
-    return Timing(ttft, e2el, n, tpot, inter_token_latencies(arrivals), arrivals, method)
+    ttfc = next((e.t for e in carrying if e.content), None)
+    return Timing(ttft, e2el, n, tpot, inter_token_latencies(arrivals), arrivals, method, ttfc)
 
 
 def inter_token_latencies(arrivals: list[float]) -> list[float]:
@@ -130,6 +133,8 @@ def summarize(records: list[RequestRecord], duration: float) -> dict[str, object
         "output_throughput": output / duration if duration > 0 else None,
         "total_token_throughput": (prompt + output) / duration if duration > 0 else None,
         **distribution("ttft", [t.ttft for t in timings]),
+        # bench.md: the first answer text, after reasoning, is worth its own figure.
+        **distribution("ttfc", [t.ttfc for t in timings if t.ttfc is not None]),
         **distribution("tpot", [t.tpot for t in timings if t.tpot is not None]),
         **distribution("itl", [x for t in timings for x in t.itls]),
         **distribution("e2el", [t.e2el for t in timings]),
