@@ -132,6 +132,8 @@ class Sglang(Strict, kw_only=True):
     chunked_prefill_size: Count
     speculative: Speculative | None = None
     nccl_overlay: NcclOverlay | None = None
+    # Appended to the server command (e.g. the image's reasoning and tool-call parsers).
+    extra_args: list[str] = []
 
 
 class Simulator(Strict, kw_only=True):

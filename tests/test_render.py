@@ -295,6 +295,22 @@ def test_tp4_ring_gives_four_launch_plans_with_the_ring_env():
         assert overlay["target"].endswith("nvidia/nccl/lib/libnccl.so.2")
 
 
+def test_sglang_extra_args_end_the_command_and_may_not_repeat_a_rendered_option():
+    profile = load_profile("tp4-ring")
+    parsers = ["--reasoning-parser", "deepseek-v4", "--tool-call-parser=deepseekv4"]
+    extra = replace(profile, sglang=replace(profile.sglang, extra_args=parsers))
+    plans = launch_plans(extra, SGLANG, ["/var/lib/sparkforge/weights/models/x"] * 4)
+    assert all(p.body["command"][-3:] == parsers for p in plans)
+    for clash in (["--context_length", "4096"], ["--enable-metrics"], ["--tp=2"]):
+        again = replace(profile, sglang=replace(profile.sglang, extra_args=clash))
+        with pytest.raises(RenderError) as refused:
+            launch_plans(again, SGLANG, ["/m"] * 4)
+        assert str(refused.value) == (
+            f"profile tp4-ring: field 'sglang.extra_args': {clash[0].split('=')[0]} is set by"
+            " the renderer from the profile; expected an option it does not set"
+        )
+
+
 def test_doit_render_prints_the_documents_and_a_second_run_does_nothing(tmp_path):
     env = {**os.environ, "SPARKFORGE_STORE": str(tmp_path / "store")}
     args = [

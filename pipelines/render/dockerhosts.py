@@ -85,7 +85,16 @@ def sglang_command(profile: Profile, rank: int) -> list[str]:
         ]
     # /metrics exists only with it, and the bench reads load and latency there.
     command.append("--enable-metrics")
-    return command
+    rendered = {a for a in command if a.startswith("--")}
+    for arg in s.extra_args:
+        # SGLang's parser, like vLLM's, reads '_' in a long option as '-'.
+        name = "--" + arg.split("=", 1)[0].removeprefix("--").replace("_", "-")
+        if arg.startswith("--") and name in rendered:
+            raise RenderError(
+                f"profile {profile.name}: field 'sglang.extra_args': {arg.split('=')[0]} is set"
+                " by the renderer from the profile; expected an option it does not set"
+            )
+    return command + list(s.extra_args)
 
 
 def launch_plans(profile: Profile, image: str, folders: list[str]) -> list[Document]:
