@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipelines.profiles import Profile
+from pipelines.profiles import Profile, option_name
 from pipelines.render.documents import Document, RenderError, RenderInputs
 from pipelines.render.validate import check_ring_rules, check_secrets
 from pipelines.weights import cache_key
@@ -88,8 +88,7 @@ def sglang_command(profile: Profile, rank: int) -> list[str]:
     rendered = {a for a in command if a.startswith("--")}
     for arg in s.extra_args:
         # SGLang's parser, like vLLM's, reads '_' in a long option as '-'.
-        name = "--" + arg.split("=", 1)[0].removeprefix("--").replace("_", "-")
-        if arg.startswith("--") and name in rendered:
+        if option_name(arg) in rendered:
             raise RenderError(
                 f"profile {profile.name}: field 'sglang.extra_args': {arg.split('=')[0]} is set"
                 " by the renderer from the profile; expected an option it does not set"

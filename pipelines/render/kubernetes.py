@@ -215,23 +215,21 @@ def render_kubernetes(
         add("10", "configmap-ring-plan.yaml.j2")
     for member in context["members"]:
         add("20", "member-cache.yaml.j2", {"member": member})
-    stage_jobs: dict[int, str] = {}
+    # Per member, what its later Jobs carry of its stage Job: they run again whenever it does.
+    staged: dict[int, dict[str, str]] = {}
     if staging:
         for member in context["members"]:
             add("25", "job-stage-weights.yaml.j2", {"member": member})
-            stage_jobs[member["rank"]] = body_sha256(docs[-1].body)
+            staged[member["rank"]] = {STAGE_JOB_ANNOTATION: body_sha256(docs[-1].body)}
     add("30", "model.yaml.j2")
     if profile.model.config_patch == "tp3-heads":
         for member in context["members"]:
-            # A re-run stage Job re-links the unpadded config.json: the member's patch Job must
-            # run again after it, so it carries the stage Job's hash and is replaced with it.
-            staged = stage_jobs.get(member["rank"])
-            annotations = {STAGE_JOB_ANNOTATION: staged} if staged else {}
+            # A re-run stage Job re-links the unpadded config.json: the patch must run again.
+            annotations = staged.get(member["rank"], {})
             add("40", "job-tp3-patch.yaml.j2", {"member": member, "annotations": annotations})
     for member in context["members"]:
         # A re-stage leaves the new bytes as page cache: node prep must run again after it.
-        staged = stage_jobs.get(member["rank"])
-        annotations = {STAGE_JOB_ANNOTATION: staged} if staged else {}
+        annotations = staged.get(member["rank"], {})
         add("50", "job-node-prep.yaml.j2", {"member": member, "annotations": annotations})
     add("60", "inferenceservice.yaml.j2")
     return docs
