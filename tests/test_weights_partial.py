@@ -57,6 +57,22 @@ def folder(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def test_range_buffers_are_private_page_aligned_memory():
+    # A shared mapping (mmap's default) is shmem: twice the cost to fault in and to unmap.
+    buffer = aligned_buffer(MiB)
+    pointer = ctypes.c_char.from_buffer(buffer)
+    address = ctypes.addressof(pointer)
+    del pointer
+    assert address % ALIGN == 0
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, perms = line.split()[:2]
+        low, high = (int(x, 16) for x in span.split("-"))
+        if low <= address < high:
+            assert perms == "rw-p", line
+            return
+    pytest.fail(f"no mapping holds {address:#x}")
+
+
 def test_aligned_ranges_reach_the_disk_without_the_page_cache_and_the_tail_through_it(folder):
     path = folder / "blob.part"
     size = 3 * MiB + 1000  # three aligned ranges, then a tail shorter than a block

@@ -29,7 +29,13 @@ from pipelines.progress import Progress
 from pipelines.weights.blobs import BlobStore
 from pipelines.weights.lock import Lock, LockEntry
 from pipelines.weights.options import FetchOptions
-from pipelines.weights.partial import PartialFile, WriteBehind, WriteError, aligned_buffer
+from pipelines.weights.partial import (
+    ALIGN,
+    PartialFile,
+    WriteBehind,
+    WriteError,
+    aligned_buffer,
+)
 from pipelines.weights.publish import Publisher
 from pipelines.weights.ranges import SourceDown, Stopped
 from pipelines.weights.s3 import S3Url
@@ -77,9 +83,21 @@ class RateLimiter:
             time.sleep(wait)
 
 
-def plan_ranges(size: int, part_size: int) -> list[tuple[int, int]]:
-    """Byte ranges [start, end) covering a file of size bytes."""
-    return [(start, min(start + part_size, size)) for start in range(0, size, part_size)]
+def plan_ranges(size: int, part_size: int, tapered: bool = False) -> list[tuple[int, int]]:
+    """Byte ranges [start, end) covering a file of size bytes, part_size each; tapered, the
+    last two to three part sizes of a file over four parts long go in quarter parts.
+
+    A file is hashed in order, so its last ranges are hashed and written only after they have
+    all arrived, and at the end of a fetch nothing overlaps that wait. Measured on 16 cores at
+    10 Gbit/s: 71 ms from the link's last byte to the last file's last write, with 32 MiB
+    ranges (a fifth of ours/s5cmd's 1.07). Quarters keep the alignment of direct writes.
+    """
+    cut = size
+    if tapered and size > 4 * part_size:
+        cut = (size - 2 * part_size) // part_size * part_size
+    ranges = [(start, min(start + part_size, cut)) for start in range(0, cut, part_size)]
+    quarter = max(ALIGN, part_size // 4 // ALIGN * ALIGN)
+    return ranges + [(start, min(start + quarter, size)) for start in range(cut, size, quarter)]
 
 
 class Fetcher:
@@ -140,6 +158,11 @@ class Fetcher:
     def close(self) -> None:
         """Finish the range pool and publish everything verified (even after Ctrl-C)."""
         self.pool.shutdown(wait=True, cancel_futures=True)
+        # Unmapping 1 GiB of buffers takes 0.1 s: done here, it overlaps the last batch's sync
+        # and stat-cache wait instead of following them (the tail of every fetch).
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.buffers.get_nowait()
         self.publisher.close()
         if self.publisher.sync_failed is not None:
             self.discard_partials()
@@ -213,7 +236,8 @@ class Fetcher:
                 self.report.read_back += len(data)
             self.progress.advance(entry.name, len(data))
         ranges = [
-            (have + a, have + b) for a, b in plan_ranges(entry.size - have, self.options.part_size)
+            (have + a, have + b)
+            for a, b in plan_ranges(entry.size - have, self.options.part_size, tapered=True)
         ]
         inflight: dict[int, Future] = {}
         submitted = 0

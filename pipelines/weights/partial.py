@@ -26,10 +26,15 @@ ALIGN = 4096
 
 
 def aligned_buffer(size: int) -> memoryview:
-    """A page-aligned buffer of size bytes (an anonymous mapping: direct writes need alignment)."""
+    """A page-aligned buffer of size bytes (an anonymous mapping: direct writes need alignment).
+
+    Private, not mmap's default shared mapping, which is shmem: a fetch's 1 GiB of buffers took
+    0.97 s to fault in and 0.23 s to unmap when the fetch ended, private 0.71 s and 0.11 s (the
+    unmap is in the tail of every fetch).
+    """
     import mmap
 
-    return memoryview(mmap.mmap(-1, size))
+    return memoryview(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
 
 
 class WriteError(PipelineError):

@@ -11,7 +11,8 @@ S3 is the local stack's on loopback, and s5cmd + sync + a 2-thread hashlib verif
 files is timed too (what ours must beat on CPU). With --link a SeaweedFS of its own runs in a
 network namespace behind a veth pair whose replies are shaped to that rate
 (tests/perf/link.py), as a node's path to its storage server is; everything it makes is
-removed when it ends. --dir /dev/shm/NAME puts the folders (destinations, the shaped S3's
+removed when it ends. The link's bytes are sampled every 10 ms while each tool runs: when it
+first ran full, how long the tool's tail left it below 90%, and a plot of each median run. --dir /dev/shm/NAME puts the folders (destinations, the shaped S3's
 data) in memory: the link and the CPU without the disk, whose speed on a shared VM moves more
 between minutes than the tools differ.
 """
@@ -29,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,9 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from link import LinkError, shaped_s3  # noqa: E402
-from plot import bar_chart  # noqa: E402
+from plot import bar_chart, rate_chart  # noqa: E402
 
 import devstack  # noqa: E402
+from devstack.netns import bits_per_second  # noqa: E402
 from pipelines.files import hash_file  # noqa: E402
 from pipelines.progress import NoProgress  # noqa: E402
 from pipelines.statcache import StatCache  # noqa: E402
@@ -112,6 +115,52 @@ def run_aws(source: str, dest: Path, endpoint: str) -> None:
         ],
         check=True,
     )
+
+
+class LinkMeter:
+    """Samples the bytes a link carried (its host end's rx_bytes) every 10 ms while a tool runs."""
+
+    def __init__(self, device: str | None):
+        self.path = Path(f"/sys/class/net/{device}/statistics/rx_bytes") if device else None
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> LinkMeter:
+        if self.path is not None:
+            self.samples = [(time.perf_counter(), int(self.path.read_text()))]
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self.samples.append((time.perf_counter(), int(self.path.read_text())))
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.01):
+            self.samples.append((time.perf_counter(), int(self.path.read_text())))
+
+    def rates(self, start: float, window: float = 0.1) -> list[tuple[float, float]]:
+        """(seconds since start, bits per second over the window ending then)."""
+        points, j = [], 0
+        for t, n in self.samples:
+            while self.samples[j][0] < t - window:
+                j += 1
+            t0, n0 = self.samples[j]
+            if t - t0 >= window / 2:
+                points.append((t - start, (n - n0) * 8 / (t - t0)))
+        return points
+
+
+def link_use(points: list[tuple[float, float]], took: float, rate: float) -> str:
+    """When the link first ran full (>= 90% of rate), how long its tail ran below, its mean."""
+    full = [t for t, bps in points if bps >= 0.9 * rate]
+    if not full:
+        return "never at 90% of the link"
+    return f"link full from {full[0] - 0.1:.2f} s, tail below 90% {took - full[-1]:.2f} s"
 
 
 def session_cpu(sid: int) -> float:
@@ -213,18 +262,22 @@ def main() -> None:
             os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
             where = f"S3 {endpoint} behind a veth shaped to {args.link}, {args.delay_ms} ms delay"
             server = shaped.server_session
+            device = shaped.host_device
         else:
             devstack.up()
             devstack.export_s3_environment()
             endpoint = os.environ["AWS_ENDPOINT_URL_S3"]
             where = f"S3 {endpoint} on loopback"
             server = stack_server_session()
+            device = None
         if args.dir:
             where += f", folders in {args.dir}"
-        bench(args, endpoint, where, server)
+        bench(args, endpoint, where, server, device)
 
 
-def bench(args: argparse.Namespace, endpoint: str, where: str, server: int) -> None:
+def bench(
+    args: argparse.Namespace, endpoint: str, where: str, server: int, device: str | None
+) -> None:
     """Upload and lock the model where needed, run the tools in turn, print medians and ratios."""
     shape = SyntheticShape(shard_bytes=args.shard_mib * MiB, engram_bytes=args.engram_mib * MiB)
     source = f"s3://models/perf/synthetic-{args.shard_mib}-{args.engram_mib}"
@@ -237,8 +290,11 @@ def bench(args: argparse.Namespace, endpoint: str, where: str, server: int) -> N
         "sparkforge (sha256 verified)": lambda d: run_ours(lock, d, options),
         "s5cmd cp": lambda d: run_s5cmd(source, d, endpoint),
         "s5cmd cp + sync": lambda d: run_s5cmd_synced(source, d, endpoint),
-        "aws s3 cp --recursive": lambda d: run_aws(source, d, endpoint),
     }
+    if (BIN / "aws").exists():
+        tools["aws s3 cp --recursive"] = lambda d: run_aws(source, d, endpoint)
+    else:
+        print(f"  no aws in {BIN}: aws s3 cp left out of this run")
     if not args.link:
         no_fsync = dataclasses.replace(options, durable=False)
         tools["sparkforge, no fsync"] = lambda d: run_ours(lock, d, no_fsync)
@@ -249,15 +305,19 @@ def bench(args: argparse.Namespace, endpoint: str, where: str, server: int) -> N
     # CPU seconds of the client and of the S3 server per run: on 2 cores they share one budget.
     cpu: dict[str, list[tuple[float, float]]] = {name: [] for name in tools}
     unwritten: dict[str, list[int]] = {name: [] for name in tools}
+    # With --link: the link's rate over each run, (seconds, bit/s) every 10 ms.
+    series: dict[str, list[list[tuple[float, float]]]] = {name: [] for name in tools}
+    link_rate = bits_per_second(args.link) if args.link else 0.0
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="fetch-bench-") as tmp:
         for run in range(args.runs):
             for name, tool in tools.items():
                 dest = Path(tmp) / "dest"
                 dest.mkdir()
                 os.sync()  # no run pays for the writeback of the one before
-                start, client, served = time.perf_counter(), own_cpu(), session_cpu(server)
-                tool(dest)
-                took = time.perf_counter() - start
+                with LinkMeter(device) as meter:
+                    start, client, served = time.perf_counter(), own_cpu(), session_cpu(server)
+                    tool(dest)
+                    took = time.perf_counter() - start
                 used = (own_cpu() - client, session_cpu(server) - served)
                 unwritten[name].append(unwritten_bytes())
                 times[name].append(took)
@@ -268,6 +328,9 @@ def bench(args: argparse.Namespace, endpoint: str, where: str, server: int) -> N
                     " GiB",
                     flush=True,
                 )
+                if device:
+                    series[name].append(meter.rates(start))
+                    print(f"  {'':36s} {link_use(series[name][-1], took, link_rate)}")
                 shutil.rmtree(dest)
     medians = {name: statistics.median(t) for name, t in times.items()}
     print(f"medians over {args.runs} alternating runs ({os.cpu_count()} cores), {where}:")
@@ -288,7 +351,8 @@ def bench(args: argparse.Namespace, endpoint: str, where: str, server: int) -> N
     target = 1.02 if args.link else 1.0
     print(f"  ours / s5cmd          = {ours / medians['s5cmd cp']:.2f} (target <= {target})")
     print(f"  ours / (s5cmd + sync) = {ours / medians['s5cmd cp + sync']:.2f}")
-    print(f"  ours / aws            = {ours / medians['aws s3 cp --recursive']:.2f}")
+    if "aws s3 cp --recursive" in medians:
+        print(f"  ours / aws            = {ours / medians['aws s3 cp --recursive']:.2f}")
     if not args.link:
         lazy = medians["sparkforge, no fsync"]
         print(f"  ours without fsync / s5cmd = {lazy / medians['s5cmd cp']:.2f}")
@@ -303,6 +367,19 @@ def bench(args: argparse.Namespace, endpoint: str, where: str, server: int) -> N
         medians,
     )
     print(f"plot: {path}")
+    if device:
+        # Each tool's run of median time: where the link sat idle (start, tail) shows.
+        middle = {
+            name: runs[times[name].index(sorted(times[name])[len(runs) // 2])]
+            for name, runs in series.items()
+        }
+        gbit = {name: [(t, bps / 1e9) for t, bps in points] for name, points in middle.items()}
+        path = rate_chart(
+            f"fetch-{args.link}-link",
+            f"The link during each tool's median run, {where}",
+            gbit,
+        )
+        print(f"plot: {path}")
 
 
 if __name__ == "__main__":

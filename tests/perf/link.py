@@ -49,6 +49,7 @@ class ShapedS3:
     rate: str
     delay_ms: float
     server_session: int  # the server's processes' session, for counting their CPU
+    host_device: str  # the host's end of the veth: its rx_bytes are what the link carried
 
 
 @contextlib.contextmanager
@@ -94,7 +95,7 @@ def shaped_s3(
                 )  # fmt: skip
             endpoint = f"http://{SERVER_ADDRESS}:{S3_PORT}"
             wait_for_bucket(endpoint, credentials, log)
-            yield ShapedS3(endpoint, rate, delay_ms, server.pid)
+            yield ShapedS3(endpoint, rate, delay_ms, server.pid, host_end)
         finally:
             if server is not None:
                 with contextlib.suppress(ProcessLookupError):

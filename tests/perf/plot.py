@@ -32,3 +32,22 @@ def bar_chart(name: str, title: str, unit: str, values: dict[str, float]) -> Pat
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def rate_chart(name: str, title: str, series: dict[str, list[tuple[float, float]]]) -> Path:
+    """Rate over time, one line per tool (ours first, thicker); returns the path."""
+    OUT.mkdir(exist_ok=True)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for label, points in series.items():
+        ours = "sparkforge" in label or "ours" in label
+        ax.plot(*zip(*points, strict=True), label=label, linewidth=2 if ours else 1)
+    ax.set_xlabel("seconds since the tool started")
+    ax.set_ylabel("Gbit/s over the link")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="lower center", fontsize=8)
+    ax.set_title(textwrap.fill(title, 80), fontsize=10)
+    fig.tight_layout()
+    path = OUT / f"{name}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
