@@ -12,9 +12,10 @@ files is timed too (what ours must beat on CPU). With --link a SeaweedFS of its 
 network namespace behind a veth pair whose replies are shaped to that rate
 (tests/perf/link.py), as a node's path to its storage server is; everything it makes is
 removed when it ends. The link's bytes are sampled every 10 ms while each tool runs: when it
-first ran full, how long the tool's tail left it below 90%, and a plot of each median run. --dir /dev/shm/NAME puts the folders (destinations, the shaped S3's
-data) in memory: the link and the CPU without the disk, whose speed on a shared VM moves more
-between minutes than the tools differ.
+first ran full, how long the tool's tail left it below 90%, and a plot of each median run.
+--dir /dev/shm/NAME puts the folders (destinations, the shaped S3's data) in memory: the link
+and the CPU without the disk, whose speed on a shared VM moves more between minutes than the
+tools differ.
 """
 
 from __future__ import annotations
