@@ -97,8 +97,13 @@ def probe_tool_call(base_url: str, model: str, timeout: float) -> Probe:
         parsed = json.loads(arguments)
     except ValueError:
         return Probe("tool_call", False, f"function {name!r}, arguments not JSON: {arguments!r}")
-    passed = name == "get_weather" and isinstance(parsed, dict)
-    return Probe("tool_call", passed, f"function {name!r}, arguments {arguments[:80]}")
+    if not isinstance(parsed, dict):
+        return Probe("tool_call", False, f"function {name!r}, arguments not an object")
+    # A real vLLM forced into this call answered `{}`: a call, but not one the tool can run.
+    missing = [k for k in WEATHER_TOOL["function"]["parameters"]["required"] if k not in parsed]
+    passed = name == "get_weather" and not missing
+    seen = f"function {name!r}, arguments {arguments[:80]}"
+    return Probe("tool_call", passed, seen + (f"; missing {', '.join(missing)}" if missing else ""))
 
 
 def probe_concurrent(base_url: str, model: str, timeout: float, streams: int = 8) -> Probe:

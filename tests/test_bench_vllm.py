@@ -1,0 +1,110 @@
+"""The bench against a real vLLM's recorded answers (tests/data/vllm), replayed over HTTP.
+
+The simulator was written from vLLM's source; these bytes came from vLLM 0.32.0 itself. The
+replay sends each SSE event as its own HTTP chunk, as uvicorn does.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipelines.bench.client import stream_chat
+from pipelines.bench.probes import WEATHER_TOOL, chat, probe_models, probe_thinking, probe_tool_call
+from pipelines.bench.serverview import HISTOGRAMS, RUNNING, WAITING, load_of, read_metrics
+from pipelines.bench.timing import CONTINUOUS, request_timing
+
+VLLM = Path(__file__).parent / "data" / "vllm"
+
+
+class Replay(http.server.BaseHTTPRequestHandler):
+    """Answers as the recorded vLLM did: which answer, by what the request asks."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        files = {"/v1/models": ("models.json", "application/json"), "/metrics": ("metrics.txt",
+                 "text/plain; version=0.0.4; charset=utf-8")}  # fmt: skip
+        name, kind = files[self.path]
+        self.reply(200, kind, (VLLM / name).read_bytes())
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if len(json.dumps(body)) > 12288:
+            self.reply(400, "application/json", (VLLM / "too-long.json").read_bytes())
+            return
+        events = (VLLM / ("tool-named.sse" if body.get("tools") else "reasoning.sse")).read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for event in events.split(b"\n\n")[:-1]:
+            data = event + b"\n\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.write(b"0\r\n\r\n")
+
+    def reply(self, status: int, kind: str, data: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def vllm() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Replay)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_real_reasoning_stream_is_timed_by_its_continuous_usage(vllm):
+    record = stream_chat(vllm, chat("tiny", "What is 19+23? Think first.", 24, True), 30)
+    assert record.ok and record.status == 200
+    assert record.content == "" and len(record.reasoning) > 0  # vLLM says `reasoning`
+    assert record.completion_tokens == 24 and record.prompt_tokens == 26
+    timing = request_timing(record)
+    assert timing.method == CONTINUOUS and timing.output_tokens == 24
+    assert timing.ttfc is None  # no answer after the reasoning: none came
+    assert probe_thinking(vllm, "tiny", 30).passed  # reasoning_tokens 0, the text counts
+
+
+def test_a_real_forced_tool_call_without_its_required_argument_fails_the_probe(vllm):
+    probe = probe_tool_call(vllm, "tiny", 30)
+    assert not probe.passed
+    assert "'get_weather'" in probe.detail and "missing city" in probe.detail
+    assert WEATHER_TOOL["function"]["parameters"]["required"] == ["city"]
+
+
+def test_a_real_model_card_gives_its_context(vllm):
+    probe, context = probe_models(vllm, "tiny", 1024)
+    assert probe.passed and context == 1024
+    assert not probe_models(vllm, "tiny", 2048)[0].passed
+
+
+def test_a_real_too_long_prompt_is_one_error_line_with_the_servers_words(vllm):
+    record = stream_chat(vllm, chat("tiny", "Paris " * 3000, 8), 30)
+    assert not record.ok and record.status == 400
+    assert record.error.startswith("HTTP 400: ") and "maximum context length" in record.error
+
+
+def test_the_gauges_and_histograms_the_bench_reads_are_real_vllm_metrics(vllm):
+    metrics = read_metrics(vllm)
+    assert load_of(metrics) == (0.0, 0.0)
+    assert metrics.gauge(RUNNING) == 0.0 and metrics.gauge(WAITING) == 0.0
+    for names in HISTOGRAMS.values():
+        vllm_names = [n for n in names if n.startswith("vllm:")]
+        assert any(f"{n}_sum" in metrics.values and f"{n}_count" in metrics.values
+                   for n in vllm_names), names  # fmt: skip
+    assert metrics.values["vllm:e2e_request_latency_seconds_count"] == 2  # the two streams
