@@ -1,28 +1,23 @@
 """Records a real vLLM server's answers to what the bench asks, as fixtures (see README.md).
 
-Run beside a server: python tests/data/vllm/record.py http://127.0.0.1:8399 tiny OUTDIR
+Run from the checkout, beside a server:
+PYTHONPATH=. python tests/data/vllm/record.py http://127.0.0.1:8399 tiny OUTDIR
 """
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
 import urllib3
 
-STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
-CITY_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather of a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "enum": ["Paris"]}},
-            "required": ["city"],
-        },
-    },
-}
+from pipelines.bench.client import STREAM_OPTIONS
+from pipelines.bench.probes import WEATHER_TOOL
+
+# The probe's tool, its city narrowed to one name (a random model must still spell it).
+CITY_TOOL = copy.deepcopy(WEATHER_TOOL)
+CITY_TOOL["function"]["parameters"]["properties"]["city"]["enum"] = ["Paris"]
 
 
 def main() -> None:
