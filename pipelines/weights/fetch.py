@@ -283,6 +283,7 @@ class Fetcher:
             writes.close()
 
     def _count_streaming(self, change: int) -> None:
+        """One file more (+1) or fewer (-1) downloading now."""
         with self._count:
             self._streaming += change
 
