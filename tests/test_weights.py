@@ -848,7 +848,7 @@ def test_the_last_file_of_a_fetch_takes_the_buffers_the_others_left(
             reading[0] += 1
             most[0] = max(most[0], reading[0])
         try:
-            time.sleep(0.05)  # long enough for every range allowed in flight to be asked for
+            time.sleep(0.2)  # long enough for every range allowed in flight to be asked for
             read(client, url, name, start, view, *args)
         finally:
             with count:
