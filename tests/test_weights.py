@@ -832,35 +832,6 @@ def test_a_files_last_ranges_are_quarter_parts_and_the_rest_whole_parts(
     assert plan_ranges(4 * part, part, tapered=True) == plan_ranges(4 * part, part)
 
 
-def test_the_last_file_of_a_fetch_takes_the_buffers_the_others_left(
-    s3, synthetic, blobs, monkeypatch
-):
-    # Alone, a file with only `ahead` ranges in flight left the link half idle (16 cores,
-    # 10 Gbit/s); with other files still downloading it keeps its share.
-    source, lock = synthetic
-    entry = lock.entry(BIG)
-    reading, most = [0], [0]
-    count = threading.Lock()
-    read = sources_module.read_range
-
-    def slow(client, url, name, start, view, *args):
-        with count:
-            reading[0] += 1
-            most[0] = max(most[0], reading[0])
-        try:
-            time.sleep(0.2)  # long enough for every range allowed in flight to be asked for
-            read(client, url, name, start, view, *args)
-        finally:
-            with count:
-                reading[0] -= 1
-
-    monkeypatch.setattr(sources_module, "read_range", slow)
-    options = FetchOptions(part_size=1 << 20, workers=8, files_at_once=4, ahead=2)
-    report = fetch_lock(s3, Lock(model=lock.model, source=source, files=[entry]), blobs, options)
-    assert report.fetched == [BIG]
-    assert most[0] == options.workers  # its share (4 x 2 buffers), one range per worker
-
-
 def test_the_range_buffers_are_unmapped_before_the_last_publication_is_awaited(
     s3, synthetic, blobs, monkeypatch
 ):

@@ -119,7 +119,6 @@ class Fetcher:
         self.pool = ThreadPoolExecutor(options.workers, thread_name_prefix="range")
         self.publisher = Publisher(blobs, options.durable)
         self._touched: set[str] = set()  # blobs whose partial this fetch opened
-        self._streaming = 0  # files downloading now: they share the buffers
         # Range buffers are reused (fresh big allocations cost a page fault per 4 KiB) and
         # page-aligned (direct writes to disk need that: partial.py).
         self.buffers: queue.SimpleQueue[memoryview] = queue.SimpleQueue()
@@ -240,79 +239,37 @@ class Fetcher:
             (have + a, have + b)
             for a, b in plan_ranges(entry.size - have, self.options.part_size, tapered=True)
         ]
-        inflight: dict[int, tuple[Future[memoryview], memoryview]] = {}
+        inflight: dict[int, Future] = {}
         submitted = 0
         writes = WriteBehind(partial, self.buffers.put)
-        self._count_streaming(+1)
         try:
             for i, (start, _) in enumerate(ranges):
-                while submitted < len(ranges) and submitted - i < self._allowance():
-                    # A range takes its buffer before it is queued, so a queued range never
-                    # waits for one: only a file with nothing in flight waits, for any buffer.
-                    buffer = self._take_buffer(wait=submitted == i)
-                    if buffer is None:
-                        break
-                    try:
-                        future = self.pool.submit(
-                            self._download_range, buffer, source, entry, *ranges[submitted]
-                        )
-                    except BaseException:
-                        self.buffers.put(buffer)
-                        raise
-                    inflight[submitted] = (future, buffer)
+                while submitted < len(ranges) and submitted - i < self.options.ahead:
+                    inflight[submitted] = self.pool.submit(
+                        self._download_range, source, entry, *ranges[submitted]
+                    )
                     submitted += 1
-                future, buffer = inflight.pop(i)
-                try:
-                    view = future.result()
-                except BaseException:
-                    self.buffers.put(buffer)
-                    raise
+                buffer, view = inflight.pop(i).result()
                 digest.update(view)
                 writes.write(buffer, view, start)
             writes.finish()
             return digest.hexdigest()
         finally:
-            self._count_streaming(-1)
             # Downloads first: on an error they stop taking the link while the writes drain.
-            for future, _ in inflight.values():
+            for future in inflight.values():
                 future.cancel()
-            for future, buffer in inflight.values():
+            for future in inflight.values():
                 with contextlib.suppress(BaseException):
-                    future.result()  # a range still reading writes into its buffer until it ends
-                self.buffers.put(buffer)
+                    self.buffers.put(future.result()[0])
             writes.close()
 
-    def _count_streaming(self, change: int) -> None:
-        """One file more (+1) or fewer (-1) downloading now."""
-        with self._count:
-            self._streaming += change
-
-    def _allowance(self) -> int:
-        """Ranges one file may have in flight: its share of the buffers among the files
-        downloading now, at least `ahead`, at most one per worker.
-
-        While many files download, each keeps `ahead` ranges in flight; the last files of a
-        fetch take what the finished ones left, so one file alone still fills the link (on 16
-        cores at 10 Gbit/s the last file's four ranges gave half of it, for 0.15 s).
-        """
-        share = self.options.files_at_once * self.options.ahead // max(1, self._streaming)
-        return max(self.options.ahead, min(share, self.options.workers))
-
-    def _take_buffer(self, wait: bool) -> memoryview | None:
-        """A free range buffer; None at once when there is none, unless told to wait."""
-        if wait:
-            return self.buffers.get()
-        try:
-            return self.buffers.get_nowait()
-        except queue.Empty:
-            return None
-
     def _download_range(
-        self, buffer: memoryview, source, entry: LockEntry, start: int, end: int
-    ) -> memoryview:
-        """Read one range from source into buffer (the source retries broken bodies)."""
-        view = buffer[: end - start]
+        self, source, entry: LockEntry, start: int, end: int
+    ) -> tuple[memoryview, memoryview]:
+        """Read one range from source into a pooled buffer (the source retries broken bodies)."""
+        buffer = self.buffers.get()
         try:
+            view = buffer[: end - start]
             source.read(
                 entry,
                 start,
@@ -321,12 +278,16 @@ class Fetcher:
                 lambda n: self._count_bytes(source.origin, entry.name, n),
                 self.limiter.take if self.limiter.rate and source.origin == "s3" else None,
             )
-            return view
+            return buffer, view
         except SourceDown as err:
             # Every other file would fail alike, each after botocore's retries: stop them all.
             with self._count:
                 self.report.halted = self.report.halted or str(err)
             self.stop.set()
+            self.buffers.put(buffer)
+            raise
+        except BaseException:
+            self.buffers.put(buffer)
             raise
 
     def _count_bytes(self, origin: str, name: str, n: int) -> None:
