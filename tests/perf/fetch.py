@@ -157,7 +157,7 @@ class LinkMeter:
 
 
 def link_use(points: list[tuple[float, float]], took: float, rate: float) -> str:
-    """When the link first ran full (>= 90% of rate), how long its tail ran below, its mean."""
+    """When the link first ran full (>= 90% of rate) and how long its tail ran below that."""
     full = [t for t, bps in points if bps >= 0.9 * rate]
     if not full:
         return "never at 90% of the link"
