@@ -20,6 +20,9 @@ from pipelines.keys import canonical_json
 # the same tick as the file's last change could miss a later same-size write in that tick, so
 # recording waits until the file's ctime is at least this old (git calls this "racy clean").
 RACY_NS = 50_000_000
+# With a clock folder, how long recording waits for the filesystem to stamp a change later
+# than the entries' (2 s covers the coarsest stamps, FAT's); past it nothing is recorded.
+CLOCK_PATIENCE_S = 2.5
 
 StatKey = tuple[int, int, int, int, int]
 
@@ -27,6 +30,24 @@ StatKey = tuple[int, int, int, int, int]
 def stat_key(st: os.stat_result) -> StatKey:
     """The stat fields that change whenever a file's content can have changed."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def stamps_later_than(marker: Path, ctime_ns: int) -> bool:
+    """Touch marker until its filesystem stamps it later than ctime_ns (False past patience).
+
+    From then on any change to a file of that filesystem moves its ctime past ctime_ns, whatever
+    the filesystem's clock and granularity: the racy-clean condition, read from the filesystem
+    itself, as git reads it from its index file's mtime.
+    """
+    os.close(os.open(marker, os.O_WRONLY | os.O_CREAT, 0o644))
+    give_up = time.monotonic() + CLOCK_PATIENCE_S
+    while True:
+        os.utime(marker)
+        if os.stat(marker).st_ctime_ns > ctime_ns:
+            return True
+        if time.monotonic() > give_up:
+            return False
+        time.sleep(0.001)
 
 
 class StatCache:
@@ -67,15 +88,26 @@ class StatCache:
             return row[5]
         return None
 
-    def record(self, entries: Iterable[tuple[Path, StatKey, str]]) -> None:
-        """Remember digests for files whose stat did not move since they were hashed."""
+    def record(
+        self, entries: Iterable[tuple[Path, StatKey, str]], clock: Path | None = None
+    ) -> None:
+        """Remember digests for files whose stat did not move since they were hashed.
+
+        clock: a folder of the files' own filesystem where a marker may be touched; recording
+        then waits only until that filesystem stamps a change later than the files' (a tick at
+        most, nothing on kernels with fine-grained stamps), not RACY_NS.
+        """
         entries = list(entries)
         if not entries:
             return
         newest_ctime = max(key[4] for _, key, _ in entries)
-        wait_ns = newest_ctime + RACY_NS - time.time_ns()
-        if wait_ns > 0:
-            time.sleep(wait_ns / 1e9)
+        if clock is not None:
+            if not stamps_later_than(clock / ".statcache-clock", newest_ctime):
+                return  # a cache miss costs a hash; a stale entry would be trusted
+        else:
+            wait_ns = newest_ctime + RACY_NS - time.time_ns()
+            if wait_ns > 0:
+                time.sleep(wait_ns / 1e9)
         rows = []
         for path, key, sha in entries:
             try:

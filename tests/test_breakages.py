@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,33 @@ def test_stat_cache_sees_a_same_size_rewrite_that_keeps_the_mtime(tmp_path, monk
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
         assert os.stat(path).st_size == st.st_size
         assert cache.digest_file(path) == hashlib.sha256(new).hexdigest(), f"iteration {i}"
+
+
+@pytest.mark.parametrize("clock", ["kernel", "coarse"])
+def test_stat_cache_with_a_clock_folder_sees_a_rewrite_yet_waits_less_than_racy_ns(
+    tmp_path, monkeypatch, clock
+):
+    """With a clock folder (the blob store's), recording waits for the filesystem's own stamps.
+
+    Same rewrite as above, right after recording: the entry must not answer for the new bytes.
+    RACY_NS is made 1 s so that the fixed wait would stand out: 20 records take under one.
+    """
+    if clock == "coarse":
+        monkeypatch.setattr(statcache, "os", CoarseClockOs())
+    monkeypatch.setattr(statcache, "RACY_NS", 1_000_000_000)
+    cache = statcache.StatCache(tmp_path / "c.sqlite3")
+    began = time.monotonic()
+    for i in range(20):
+        path = tmp_path / f"file-{i}.bin"
+        path.write_bytes(b"old %03d" % i)
+        key = statcache.stat_key(statcache.os.stat(path))
+        cache.record([(path, key, hashlib.sha256(b"old %03d" % i).hexdigest())], clock=tmp_path)
+        st = os.stat(path)
+        new = b"new %03d" % i
+        path.write_bytes(new)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert cache.lookup(path, statcache.os.stat(path)) is None, f"iteration {i}"
+    assert time.monotonic() - began < 1.0
 
 
 class FakeNanoClock:

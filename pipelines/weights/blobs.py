@@ -78,7 +78,9 @@ class BlobStore:
             os.rename(path, blob)
             recorded.append((blob.absolute(), stat_key(os.stat(blob)), sha256))
         fsync_dir(self.blobs)
-        self.statcache.record(recorded)
+        # The partial folder shares the blobs' filesystem: its clock, not a fixed wait, says
+        # when the entries are safe (the fixed 50 ms was the last thing every fetch waited for).
+        self.statcache.record(recorded, clock=self.partial)
 
     def writer(self, sha256: str) -> IO:
         """Become the only process writing the blob of sha256: an flock held until closed."""
