@@ -102,9 +102,14 @@ class StatCache:
             return
         newest_ctime = max(key[4] for _, key, _ in entries)
         if clock is not None:
-            if not stamps_later_than(clock / ".statcache-clock", newest_ctime):
-                return  # a cache miss costs a hash; a stale entry would be trusted
-        else:
+            try:
+                later = stamps_later_than(clock / ".statcache-clock", newest_ctime)
+            except OSError:  # a folder not ours to write: the fixed wait below is as safe
+                clock = None
+            else:
+                if not later:
+                    return  # a cache miss costs a hash; a stale entry would be trusted
+        if clock is None:
             wait_ns = newest_ctime + RACY_NS - time.time_ns()
             if wait_ns > 0:
                 time.sleep(wait_ns / 1e9)

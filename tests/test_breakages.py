@@ -124,9 +124,12 @@ class FakeNanoClock:
         self.now_ns += round(seconds * 1e9)
 
 
+@pytest.mark.parametrize("folder", [None, "no-such-folder"])
 def test_stat_cache_records_a_digest_only_once_the_files_ctime_is_racy_ns_old(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, folder
 ):
+    # A clock folder that cannot be written falls back to the same wait: the blobs are in the
+    # store by then, so it must neither fail their publication nor record them unchecked.
     path = tmp_path / "f.bin"
     path.write_bytes(b"f")
     st = os.stat(path)
@@ -140,7 +143,8 @@ def test_stat_cache_records_a_digest_only_once_the_files_ctime_is_racy_ns_old(
     ):
         clock = FakeNanoClock(st.st_ctime_ns + age_ns)
         monkeypatch.setattr(statcache, "time", clock)
-        cache.record([(path, statcache.stat_key(st), sha)])
+        clock_folder = folder and tmp_path / folder
+        cache.record([(path, statcache.stat_key(st), sha)], clock=clock_folder)
         assert clock.sleeps == waited, age_ns
         assert cache.lookup(path, st) == sha
 
