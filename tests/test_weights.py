@@ -836,6 +836,7 @@ def test_the_range_buffers_are_unmapped_off_the_fetchs_path(s3, synthetic, blobs
     # fetch returns, its files published, while a thread of its own lets go of them.
     source, lock = synthetic
     unmap, returned, done, unmapped = fetch_module.unmap_buffers, threading.Event(), [], []
+    finished = threading.Event()
 
     def held_unmap(buffers):
         returned.wait(timeout=10)  # a fetch that waited for the unmap waits this long
@@ -843,6 +844,7 @@ def test_the_range_buffers_are_unmapped_off_the_fetchs_path(s3, synthetic, blobs
         unmap(buffers)
         unmapped.append(buffers.qsize())
         done.append(threading.current_thread().name)
+        finished.set()
 
     monkeypatch.setattr(fetch_module, "unmap_buffers", held_unmap)
     options = FetchOptions(part_size=1 << 20)
@@ -850,9 +852,7 @@ def test_the_range_buffers_are_unmapped_off_the_fetchs_path(s3, synthetic, blobs
     assert len(report.fetched) == len(lock.files) and not done
     assert all(blobs.blob(e.sha256).exists() for e in lock.files)
     returned.set()
-    deadline = time.monotonic() + 30
-    while not done and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert finished.wait(timeout=30)
     assert done == ["unmap"] and unmapped == [options.files_at_once * options.ahead, 0]
 
 

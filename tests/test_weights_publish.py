@@ -214,14 +214,12 @@ def test_a_fetch_writes_its_blobs_to_disk_past_the_page_cache(s3, synthetic, blo
         assert cached_bytes(blobs.blob(entry.sha256)) <= ALIGN, entry.name  # the tail's page
 
 
-def test_publication_waits_for_the_stores_clock_not_a_fixed_racy_ns(blobs):
+def test_publication_waits_for_the_stores_clock_not_a_fixed_racy_ns(blobs, monkeypatch):
     # The fixed wait (50 ms) was the last thing every fetch waited for; the store's own stamps
     # answer within a tick. With RACY_NS at 10 s, a fixed wait would take 10 s here.
-    data = b"published just now"
+    monkeypatch.setattr(statcache, "RACY_NS", 10_000_000_000)
     began = time.monotonic()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(statcache, "RACY_NS", 10_000_000_000)
-        sha = blobs.add_bytes(data)
+    sha = blobs.add_bytes(b"published just now")
     assert time.monotonic() - began < 5
     blob = blobs.blob(sha)
     assert blobs.statcache.lookup(blob.absolute(), os.stat(blob)) == sha  # recorded, not skipped
