@@ -1,6 +1,9 @@
-"""Derive our compact llmkube schemas from the operator's CRDs at one commit of its repository.
+"""Derive our compact llmkube schemas from the operator's CRDs, and check them against its files.
 
-Run `python -m pipelines.render.crds derive --repo GITDIR --commit SHA` (README "Render").
+`python -m pipelines.render.crds derive --repo GITDIR --commit SHA` writes the schemas;
+`python -m pipelines.render.crds check --operator GITDIR` derives them again at the recorded
+commit and runs the operator's own samples through them (README "Refreshing the operator's
+schemas"). The operator's files are read from its checkout, never copied into this project.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import yaml
 
 from pipelines.errors import PipelineError
 from pipelines.paths import LLMKUBE_SCHEMAS_DIR
+from pipelines.render.crd_schema import check_crd_schema
+from pipelines.render.documents import Document
+from pipelines.render.operator_rules import check_operator_rules
 
 REPOSITORY = "https://github.com/defilantech/LLMKube"
 # (kind, CRD file in the operator's repository, our derived file)
@@ -42,6 +48,10 @@ NESTED = {"properties", "items", "additionalProperties", "anyOf", "allOf", "oneO
 # Prose and server-side-apply hints: nothing a validator reads.
 DROP = {"description", "example", "externalDocs", "title", "x-kubernetes-map-type"}
 RULE_KEYS = ("rule", "message", "messageExpression", "fieldPath", "reason")
+# Where the operator keeps documents of its own kinds that it ships as working examples.
+SAMPLE_FOLDERS = ("config/samples", "examples")
+SAMPLE_KINDS = ("Model", "InferenceService")
+LLMKUBE_API = "inference.llmkube.dev/"
 
 
 class DeriveError(PipelineError):
@@ -56,6 +66,19 @@ def git_show(repo: Path, commit: str, path: str) -> bytes:
     if result.returncode:
         raise DeriveError(f"{repo}: {commit}:{path}: {result.stderr.decode().strip()}")
     return result.stdout
+
+
+def git_tree(repo: Path, commit: str, folders: tuple[str, ...]) -> list[str]:
+    """The paths of every file under folders in the repository at a commit, sorted."""
+    result = subprocess.run(
+        ["git", "-C", str(repo), "ls-tree", "-r", "--name-only", commit, "--", *folders],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode:
+        raise DeriveError(f"{repo}: {commit}: {result.stderr.strip()}")
+    return sorted(result.stdout.splitlines())
 
 
 def commit_of(repo: Path, commit: str) -> tuple[str, str]:
@@ -111,6 +134,11 @@ def derive_kind(crd_text: bytes, kind: str, path: str) -> dict[str, Any]:
     }
 
 
+def schema_text(body: dict[str, Any]) -> str:
+    """A derived file's bytes as committed: sorted keys, one-space indent, a final newline."""
+    return json.dumps(body, indent=1, sort_keys=True) + "\n"
+
+
 def derive(repo: Path, commit: str, out: Path = LLMKUBE_SCHEMAS_DIR) -> dict[str, Any]:
     """Write the derived schemas and their source record; return the record."""
     full, date = commit_of(repo, commit)
@@ -136,24 +164,107 @@ def derive(repo: Path, commit: str, out: Path = LLMKUBE_SCHEMAS_DIR) -> dict[str
     }
     out.mkdir(parents=True, exist_ok=True)
     for name, body in {**derived, SOURCE_RECORD: record}.items():
-        (out / name).write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+        (out / name).write_text(schema_text(body))
+    return record
+
+
+def operator_samples(repo: Path, commit: str) -> list[Document]:
+    """Every Model and InferenceService the operator ships under its samples and examples."""
+    docs = []
+    for path in git_tree(repo, commit, SAMPLE_FOLDERS):
+        if not path.endswith((".yaml", ".yml")):
+            continue
+        try:
+            bodies = list(yaml.safe_load_all(git_show(repo, commit, path)))
+        except yaml.YAMLError as err:
+            raise DeriveError(f"{path}: not YAML: {str(err).splitlines()[0]}") from None
+        for n, body in enumerate(bodies):
+            ours = isinstance(body, dict) and str(body.get("apiVersion")).startswith(LLMKUBE_API)
+            if ours and body.get("kind") in SAMPLE_KINDS:
+                docs.append(Document(f"{path}#{n}", body))
+    return docs
+
+
+def check(repo: Path, schemas: Path = LLMKUBE_SCHEMAS_DIR) -> tuple[list[str], list[str]]:
+    """Check the committed schemas against the operator's checkout: (findings, problems).
+
+    At the commit source.json records, each CRD must have the recorded sha256 and derive to
+    the committed file byte for byte, and every sample must pass layers 1 and 2.
+    """
+    record = read_record(schemas)
+    commit = record["commit"]
+    findings: list[str] = []
+    problems: list[str] = []
+    for f in record["files"]:
+        text = git_show(repo, commit, f["path"])
+        digest = hashlib.sha256(text).hexdigest()
+        if digest != f["sha256"]:
+            problems.append(f"{f['path']}: sha256 {digest}, source.json records {f['sha256']}")
+            continue
+        derived = schema_text(derive_kind(text, f["kind"], f["path"]))
+        committed = schemas / f["derived"]
+        if not committed.is_file() or committed.read_text() != derived:
+            problems.append(f"{committed}: differs from what {f['path']} derives to")
+        else:
+            findings.append(f"{committed.name}: byte-identical to what {f['path']} derives to")
+    samples = operator_samples(repo, commit)
+    passed = 0
+    for doc in samples:
+        refused = check_crd_schema(doc) + check_operator_rules(doc)
+        problems += refused
+        passed += not refused
+    findings.append(
+        f"{passed} of {len(samples)} samples (Model, InferenceService) under"
+        f" {', '.join(SAMPLE_FOLDERS)} pass layers 1 and 2"
+    )
+    return findings, problems
+
+
+def read_record(schemas: Path) -> dict[str, Any]:
+    """The schemas' source.json: the operator's commit and each CRD's path and sha256."""
+    path = schemas / SOURCE_RECORD
+    try:
+        record = json.loads(path.read_text())
+        commit, files = record["commit"], record["files"]
+        if not isinstance(commit, str) or not isinstance(files, list):
+            raise TypeError
+        for f in files:
+            for field in ("kind", "path", "sha256", "derived"):
+                if not isinstance(f[field], str):
+                    raise TypeError
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DeriveError(
+            f"{path}: expected a record with commit and files (kind, path, sha256, derived)"
+        ) from None
     return record
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`derive --repo GITDIR --commit SHA [--out DIR]`: refresh the derived schemas."""
+    """`derive` refreshes the derived schemas; `check` compares them with the operator's files."""
     parser = argparse.ArgumentParser(prog="python -m pipelines.render.crds")
     sub = parser.add_subparsers(dest="command", required=True)
     cmd = sub.add_parser("derive", help="derive our schemas from the operator's CRDs")
     cmd.add_argument("--repo", type=Path, required=True, help="the operator's git directory")
     cmd.add_argument("--commit", required=True, help="the commit to read (hash or ref)")
     cmd.add_argument("--out", type=Path, default=LLMKUBE_SCHEMAS_DIR)
+    cmd = sub.add_parser("check", help="check the committed schemas against the operator's files")
+    cmd.add_argument("--operator", type=Path, required=True, help="the operator's git directory")
+    cmd.add_argument("--schemas", type=Path, default=LLMKUBE_SCHEMAS_DIR)
     args = parser.parse_args(argv)
     try:
-        record = derive(args.repo, args.commit, args.out)
+        if args.command == "check":
+            findings, problems = check(args.operator, args.schemas)
+        else:
+            record = derive(args.repo, args.commit, args.out)
     except PipelineError as err:
-        print(err, file=sys.stderr)
-        return 1
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.command == "check":
+        for line in findings:
+            print(line)
+        for line in problems:
+            print(f"error: {line}", file=sys.stderr)
+        return 1 if problems else 0
     for f in record["files"]:
         print(f"{args.out / f['derived']}: {f['path']} @ {record['commit'][:8]} ({f['sha256']})")
     return 0
