@@ -20,6 +20,7 @@ from pipelines.profile_check import ProfileCheck
 from pipelines.profiles import load_profile
 from pipelines.render import Render
 from pipelines.settings import read_settings
+from pipelines.site import Site
 from pipelines.steps import Engine
 from pipelines.store import Store
 from pipelines.weights import FetchOptions, Weights, WeightsSettings
@@ -31,13 +32,23 @@ FABRIC_EXPECT = get_var("expect", "")  # `doit fabric expect=P2P>=200`: a hand-g
 
 
 def stack_endpoints():
-    """The local stack's registry and engines, with its S3 and ssh keys in the environment."""
+    """The local stack's registry and engines (a task that needs them asks, not `doit list`)."""
     import devstack  # test equipment: only a local_stack profile reaches for it
 
-    devstack.export_s3_environment()
-    devstack.export_ssh_environment()
     endpoints = devstack.read_endpoints()
     return endpoints.registry, endpoints.docker_hosts or (endpoints.docker_host,)
+
+
+def site_of(profile, settings) -> Site:
+    """Where the profile's images go and its members run: the local stack's, or its own."""
+    if not profile.local_stack:
+        return Site.named(profile.registry, settings.registry_namespace)
+    import devstack
+
+    # Its S3 and ssh keys into the environment: a no-op while the stack is down.
+    devstack.export_s3_environment()
+    devstack.export_ssh_environment()
+    return Site(stack_endpoints, settings.registry_namespace or "")
 
 
 def fetch_options(settings) -> FetchOptions:
@@ -62,24 +73,21 @@ try:
         SETTINGS.cache_readonly,
     )
     ENGINE = Engine(Store(SETTINGS.store), remote=REMOTE)
-    REGISTRY, DOCKER_HOSTS = stack_endpoints() if PROFILE.local_stack else (PROFILE.registry, ())
-    DOCKER_HOST = DOCKER_HOSTS[0] if DOCKER_HOSTS else None
-    if SETTINGS.registry_namespace:
-        REGISTRY = f"{REGISTRY}/{SETTINGS.registry_namespace}"
+    SITE = site_of(PROFILE, SETTINGS)
     PROFILE_CHECK = ProfileCheck(PROFILE_NAME, ENGINE, SETTINGS.profiles)
     WEIGHTS = Weights(
         PROFILE,
         ENGINE,
         WeightsSettings(SETTINGS.weights or ENGINE.store.area("weights"), fetch_options(SETTINGS)),
     )
-    IMAGES = Images(PROFILE, ENGINE, ImageSettings(REGISTRY, DOCKER_HOST, SETTINGS.builder))
+    IMAGES = Images(PROFILE, ENGINE, ImageSettings(SITE, SETTINGS.builder))
     KUBERNETES = PROFILE.deploy == "kubernetes"
     # A ring stages its weights member to member, in its own image (images/weights-stager).
     STAGER = (
         Images(
             PROFILE,
             ENGINE,
-            ImageSettings(REGISTRY, DOCKER_HOST, SETTINGS.builder),
+            ImageSettings(SITE, SETTINGS.builder),
             image=PROFILE.staging.image,
             prefix="stager_",
             digest_var="stager_digest",
@@ -108,7 +116,7 @@ try:
             IMAGES,
             WEIGHTS.lock_file,
             DeploySettings(
-                DOCKER_HOSTS,
+                SITE,
                 SETTINGS.deploy_timeout_s,
                 who_ran(os.environ),
                 git_revision,
@@ -142,7 +150,7 @@ try:
             ENGINE,
             RENDER.step,
             FabricSettings(
-                DOCKER_HOSTS,
+                SITE,
                 who_ran(os.environ),
                 git_revision,
                 KubeAccess(SETTINGS.kubeconfig, SETTINGS.kube_context),

@@ -1,4 +1,4 @@
-"""Shared fixtures: the local stack of real services on 127.0.0.1 (devstack/)."""
+"""Shared fixtures: a local stack of the tests' own (real services on 127.0.0.1, devstack/)."""
 
 from __future__ import annotations
 
@@ -9,31 +9,61 @@ from pathlib import Path
 import pytest
 
 import devstack as local_stack
-from devstack.settings import ENGINE_ENV
+from devstack.settings import ENGINE_ENV, SSH_PORT_ENV
 
 # The measurement helpers of tests/perf/ (read_chars, the full-size model shape) serve the tests.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "perf"))
 
+from support.ports import spare_stack_ports  # noqa: E402  (tests/ is on the path from here)
+
+# The tests' stack lives apart from the one `scripts/main` left running (`.stack/`): its own
+# folder, ports and engines, so a user's deployment is never touched by a test. Set for the whole
+# session, before anything reads it: every doit the tests run finds this stack's endpoints.
+TEST_STACK_DIR = local_stack.REPO_ROOT / ".stack-test"
+os.environ[local_stack.STACK_DIR_ENV] = str(TEST_STACK_DIR)
+PORT_ATTEMPTS = 5
+
+
+def stopped_test_stack() -> None:
+    """The tests' stack stopped, its logs gone (they tell the next start's port collisions)."""
+    local_stack.down()
+    for log in TEST_STACK_DIR.glob("*.log"):
+        log.unlink()
+
+
+def start_test_stack() -> local_stack.Endpoints:
+    """The tests' stack on spare ports, anew: what a killed session left is stopped first."""
+    stopped_test_stack()
+    for _ in range(PORT_ATTEMPTS):
+        s3_port, registry_port, ssh_port = spare_stack_ports()
+        os.environ[local_stack.S3_PORT_ENV] = str(s3_port)
+        os.environ[local_stack.REGISTRY_PORT_ENV] = str(registry_port)
+        os.environ[SSH_PORT_ENV] = str(ssh_port)
+        # Never an engine the user runs: the reproducibility tests wipe the engine's images.
+        # Set for this call only: the stack tests' second stacks use a foreign engine on purpose.
+        os.environ[ENGINE_ENV] = "own"
+        try:
+            return local_stack.up()
+        except local_stack.StackError as err:
+            # A spare port taken between the check and the bind: another go on other ports.
+            logs = TEST_STACK_DIR.glob("*.log")
+            taken = "already in use" in str(err) or any(
+                "address already in use" in log.read_text(errors="replace") for log in logs
+            )
+            stopped_test_stack()
+            if not taken:
+                raise
+        finally:
+            os.environ.pop(ENGINE_ENV)
+    pytest.fail(f"spare ports were taken by other processes {PORT_ATTEMPTS} times in a row")
+
 
 @pytest.fixture(scope="session")
 def stack():
-    """The local stack's Endpoints; stopped at the end only where this session started it."""
-    before = {s.name for s in local_stack.status() if s.state in ("running", "unhealthy")}
-    # The reproducibility test wipes the engine's images: only ever the stack's own engine.
-    # Set for this call only: the stack tests' second stacks use a foreign engine on purpose.
-    before_env = os.environ.get(ENGINE_ENV)
-    os.environ[ENGINE_ENV] = "own"
-    try:
-        endpoints = local_stack.up()
-    finally:
-        if before_env is None:
-            os.environ.pop(ENGINE_ENV)
-        else:
-            os.environ[ENGINE_ENV] = before_env
+    """The tests' own stack's Endpoints; started here and stopped at the end of the session."""
+    endpoints = start_test_stack()
     yield endpoints
-    started_here = [name for name in endpoints.started if name not in before]
-    if started_here:
-        local_stack.down(services=started_here)
+    stopped_test_stack()
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,7 @@ from pipelines.errors import PipelineError
 from pipelines.profiles import load_profile
 from pipelines.render import Render
 from pipelines.settings import read_settings
+from pipelines.site import Site
 from pipelines.steps import Engine
 from pipelines.store import Store
 from pipelines.weights import Weights, WeightsSettings
@@ -117,7 +118,9 @@ def deploy_stage(world: World, image: str, timeout_s: float = 5.0, **kube) -> De
     render = Render(profile, engine, weights.outputs, lambda: image, [SECRET])
     engine.run(render.step)
     access = KubeAccess(str(world.kubeconfig), poll_s=0.001, **kube)
-    settings = DeploySettings((), timeout_s, "test", lambda: "0" * 40, access)
+    settings = DeploySettings(
+        Site.named("ghcr.io/lab"), timeout_s, "test", lambda: "0" * 40, access
+    )
     stage = Deploy(profile, engine, render.step, world.tags, weights.lock_file, settings)
     stage.records = Records(world.records)  # the store is shared, the history is the test's
     return stage

@@ -38,6 +38,7 @@ from pipelines.render import Render
 from pipelines.render import fabric as render_fabric
 from pipelines.render.documents import Document, RenderInputs
 from pipelines.render.validate import validate_documents
+from pipelines.site import Site
 from pipelines.steps import Engine
 from pipelines.store import Store
 from pipelines.weights import Weights, WeightsSettings
@@ -47,6 +48,8 @@ REPO = Path(__file__).resolve().parent.parent
 NCCL = REPO / "tests" / "data" / "nccl"
 GIB = 1 << 30
 RING_HCAS = ("rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1")
+# The launcher is the test's own: no engines to reach.
+NO_ENGINES = Site(lambda: ("", ()))
 # What NCCL 2.28's net_ib prints for a Spark's four RoCE devices (format of `NET/IB : Using`).
 IB_USING = (
     "spark-1:2201:2240 [0] NCCL INFO NET/IB : Using [0]rocep1s0f0:1/RoCE [1]rocep1s0f1:1/RoCE"
@@ -372,7 +375,9 @@ def fabric_stage(
     image = SGLANG if name == "tp4-ring" else VLLM
     render = Render(profile, engine, weights.outputs, lambda: image, [])
     engine.run(render.step)
-    settings = FabricSettings((), "tester", lambda: "abc123", expect=expect, timeout_s=timeout_s)
+    settings = FabricSettings(
+        NO_ENGINES, "tester", lambda: "abc123", expect=expect, timeout_s=timeout_s
+    )
     launcher = replay if callable(replay) else (lambda profile, settings: replay)
     settings = dataclasses.replace(settings, launcher=launcher)
     return Fabric(profile, engine, render.step, settings)

@@ -29,6 +29,7 @@ from pipelines.paths import RECEIPT
 from pipelines.profiles import load_profile
 from pipelines.schema import replace
 from pipelines.settings import read_settings
+from pipelines.site import Site
 from pipelines.steps import Engine
 from pipelines.store import Store
 
@@ -52,7 +53,7 @@ def registry(stack):
 @pytest.fixture(scope="session")
 def settings(stack):
     """The images settings of the local profile: the stack's registry and engine."""
-    return ImageSettings(stack.registry, stack.docker_host)
+    return ImageSettings(Site(lambda: (stack.registry, (stack.docker_host,))))
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +61,7 @@ def copies(stack):
     """Settings that push test copies of local-sim under a namespace of their own, removed
     from the shared registry at the end (its deletes are enabled; see devstack)."""
     namespace = f"sparkforge-test-{uuid.uuid4().hex[:8]}"
-    yield ImageSettings(f"{stack.registry}/{namespace}", stack.docker_host)
+    yield ImageSettings(Site(lambda: (stack.registry, (stack.docker_host,)), namespace))
     delete_repository(stack.registry, f"{namespace}/sparkforge/local-sim")
 
 
@@ -117,7 +118,7 @@ def test_unpinned_from_is_refused_with_file_line_and_expectation(tmp_path):
 def gb10_images(name: str, registry: str, store: Path) -> Images:
     """The images stage of a ring profile running the image `name`, pushing to registry."""
     profile = replace(load_profile("tp3-ring"), image=name)
-    return Images(profile, Engine(Store(store)), ImageSettings(registry))
+    return Images(profile, Engine(Store(store)), ImageSettings(Site.named(registry)))
 
 
 @pytest.mark.parametrize("name", ["vllm-gb10-dsv41-exl3", "sglang-gb10-dsv41"])

@@ -1,5 +1,6 @@
 """Profiles load once, at the edge, and a wrong field is one line naming file and field."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +111,40 @@ def test_doit_with_a_bad_profile_exits_nonzero_with_one_line():
     assert result.returncode != 0
     assert result.stderr.strip().count("\n") == 0
     assert "profile 'no-such-ring'" in result.stderr and "tp3-ring" in result.stderr
+
+
+def doit_without_a_stack(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """doit in the checkout with the local stack's folder empty: nothing runs, nothing recorded."""
+    env = {**os.environ, "SPARKFORGE_STACK_DIR": str(tmp_path / "no-stack")}
+    env["SPARKFORGE_STORE"] = str(tmp_path / "store")
+    return subprocess.run(
+        [sys.executable, "-m", "doit", *args], cwd=REPO, env=env, capture_output=True, text=True
+    )
+
+
+# What `doit list` shows for every profile: one task per stage at least, whatever is running.
+STAGE_TASKS = {"profile", "fetch_weights", "stage_weights", "image", "render", "deploy", "bench"}
+
+
+@pytest.mark.parametrize("name", available_profiles())
+def test_doit_list_and_help_need_nothing_running(tmp_path, name):
+    listed = doit_without_a_stack(tmp_path, "list", f"profile={name}")
+    assert listed.returncode == 0, listed.stderr
+    tasks = {line.split()[0] for line in listed.stdout.splitlines() if line.strip()}
+    assert STAGE_TASKS <= tasks, sorted(STAGE_TASKS - tasks)
+    helped = doit_without_a_stack(tmp_path, "help", "deploy", f"profile={name}")
+    assert helped.returncode == 0, helped.stderr
+    assert "deploy the built profile" in helped.stdout
+
+
+def test_a_task_that_needs_the_stack_names_what_to_start_when_it_is_down(tmp_path):
+    result = doit_without_a_stack(tmp_path, "image", "profile=local")
+    assert result.returncode != 0
+    assert "Traceback" not in result.stdout + result.stderr
+    said = [line for line in (result.stdout + result.stderr).splitlines() if "endpoints" in line]
+    assert said == [
+        f"{tmp_path / 'no-stack' / 'endpoints.json'}: missing; run `scripts/stack up` first"
+    ]
 
 
 def test_tp3_padding_on_a_tensor_size_it_does_not_fit_is_refused(tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import random
 import shutil
 import socket
 import stat
@@ -21,6 +20,7 @@ import docker
 import pytest
 import requests
 from botocore.config import Config
+from support.ports import spare_stack_ports
 
 import devstack as local_stack
 
@@ -61,37 +61,9 @@ def _stack_processes(directory: Path, program: str) -> list[int]:
     return found
 
 
-def _port_free(port: int) -> bool:
-    """Whether nothing holds port on 127.0.0.1."""
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _spare_ports() -> tuple[int, int]:
-    """An S3 port whose whole weed block is free, and a free registry port outside that block."""
-    # A random start, so test sessions running side by side on this machine do not all try the
-    # same ports first.
-    start = random.randrange(21000, 40000)
-    s3_port = next(
-        port
-        for port in range(start, 50000, 20)
-        if all(_port_free(p) for p in local_stack.s3_ports(port).values())
-    )
-    block = set(local_stack.s3_ports(s3_port).values())
-    registry_port = next(
-        port for port in range(start + 1000, 55536) if port not in block and _port_free(port)
-    )
-    return s3_port, registry_port
-
-
 def _spare_vars(directory: Path, endpoints: local_stack.Endpoints) -> dict[str, str]:
     """Variables for a second stack in directory on free ports, reusing the first's engine."""
-    s3_port, registry_port = _spare_ports()
+    s3_port, registry_port, _ = spare_stack_ports()
     return {
         local_stack.STACK_DIR_ENV: str(directory),
         local_stack.S3_PORT_ENV: str(s3_port),

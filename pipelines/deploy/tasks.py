@@ -23,6 +23,7 @@ from pipelines.deploy.records import (
 from pipelines.deploy.signals import restoring, terminate_as_interrupt
 from pipelines.errors import PipelineError
 from pipelines.profiles import Profile
+from pipelines.site import Site
 from pipelines.steps import Engine, Step, side_task
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ class Tags(Protocol):
 class DeploySettings:
     """What the edge tells the deploy stage."""
 
-    docker_hosts: tuple[str, ...]  # the local stack's engines, by member (local_stack)
+    site: Site  # the Docker engines by member (the local stack's), read on first use
     timeout_s: float  # how long a member may take to serve
     who: str  # the CI run or user, for the record
     git: Callable[[], str]  # the checkout's commit, for the record (asked when recording)
@@ -93,7 +94,9 @@ class Deploy:
         from pipelines.deploy.backends import backend_for
 
         settings = self.settings
-        return backend_for(self.profile, settings.docker_hosts, settings.timeout_s, settings.kube)
+        return backend_for(
+            self.profile, settings.site.docker_hosts, settings.timeout_s, settings.kube
+        )
 
     def candidate(self) -> Deployment:
         """The deployment `doit build` rendered last (its plans, keyed by their content)."""

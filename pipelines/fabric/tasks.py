@@ -13,6 +13,7 @@ import yaml
 from pipelines.deploy import KubeAccess
 from pipelines.fabric.records import FAILED, PASSED, write_result
 from pipelines.profiles import Profile
+from pipelines.site import Site
 from pipelines.steps import Engine, Step, side_task
 
 if TYPE_CHECKING:  # the parser and the checks are imported when a check runs, not at `doit list`
@@ -27,7 +28,7 @@ DEFAULT_TIMEOUT_S = 900
 class FabricSettings:
     """What the edge tells the fabric stage."""
 
-    docker_hosts: tuple[str, ...]  # the local stack's engines, by member (local_stack)
+    site: Site  # the Docker engines by member (the local stack's), read on first use
     who: str
     git: Callable[[], str]
     kube: KubeAccess = KubeAccess()
@@ -52,7 +53,8 @@ def default_launcher(profile: Profile, settings: FabricSettings):
 
     if profile.deploy == "kubernetes":
         return KubernetesLauncher(profile, settings.kube)
-    return DockerLauncher(profile, DockerHosts(profile, settings.docker_hosts, settings.timeout_s))
+    hosts = DockerHosts(profile, settings.site.docker_hosts, settings.timeout_s)
+    return DockerLauncher(profile, hosts)
 
 
 def summary(log: NcclLog) -> dict[str, Any]:

@@ -31,9 +31,15 @@ ACCEPT = ", ".join(
 class Registry:
     """A registry at host:port (plain HTTP on loopback, HTTPS elsewhere), logged in on demand."""
 
-    host: str
+    # host:port, or where to read it on the first call (the local stack's, once it runs)
+    address: str | Callable[[], str]
     # Authorization headers by challenge scope, learned from 401 answers (never printed).
     _tokens: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @functools.cached_property
+    def host(self) -> str:
+        """Where the registry answers, as host:port."""
+        return self.address if isinstance(self.address, str) else self.address()
 
     @property
     def base(self) -> str:

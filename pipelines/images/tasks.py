@@ -17,6 +17,7 @@ from pipelines.images.inputs import base_repository, image_repository
 from pipelines.images.registry import Registry, RegistryCache
 from pipelines.images.spec import ImageDir, load_image
 from pipelines.profiles import Profile
+from pipelines.site import Site
 from pipelines.steps import Engine, Step, StepRun, side_task
 
 if TYPE_CHECKING:
@@ -27,8 +28,7 @@ if TYPE_CHECKING:
 class ImageSettings:
     """What the edge tells the images stage: where images go and which engine builds them."""
 
-    registry: str  # host[:port][/namespace]
-    docker_host: str | None = None  # an engine to build with (the local stack's), or none
+    site: Site  # the registry (and its namespace) and the engine to build with, if any
     builder: str | None = None  # SPARKFORGE_BUILDER: engine or buildx, else chosen here
 
 
@@ -60,9 +60,8 @@ class Images:
         self.name = f"{prefix}images"  # the stage's name in the task table
         self.digest_var = digest_var  # the doit variable that passes a digest CI pushed
         self.platform_override = platform  # build for this platform, whatever image.yaml says
-        host, _, namespace = settings.registry.partition("/")
-        self.registry = Registry(host)
-        self.namespace = namespace
+        self.registry = Registry(lambda: settings.site.registry)
+        self.namespace = settings.site.namespace
         self.base_step = self._base_step() if self.image.spec.base.local else None
         self.image_step = self._image_step()
 
@@ -172,9 +171,9 @@ class Images:
                     f" ({native_platform()}), the ring needs {plan.platform}: build it on a"
                     f" {plan.platform} runner (CI's) or pass {self.digest_var}=sha256:..."
                 )
-        has_engine = self.settings.docker_host is not None
-        builder = choose_builder(has_engine, self.settings.builder)
-        if builder == "engine" and self.settings.docker_host is None:
+        docker_host = self.settings.site.docker_host
+        builder = choose_builder(docker_host is not None, self.settings.builder)
+        if builder == "engine" and docker_host is None:
             raise PipelineError(
                 f"profile {self.profile.name}: no engine and no buildx here; images for"
                 f" {plan.platform} are built by CI (`doit plan` prints the invocation)"
@@ -189,10 +188,11 @@ class Images:
         import docker
         import docker.errors
 
+        docker_host = self.settings.site.docker_host
         try:
-            return docker.DockerClient(base_url=self.settings.docker_host)
+            return docker.DockerClient(base_url=docker_host)
         except docker.errors.DockerException as err:
-            raise PipelineError(f"Docker engine {self.settings.docker_host}: {err}") from None
+            raise PipelineError(f"Docker engine {docker_host}: {err}") from None
 
     def image_ref(self, digest: str = "") -> str:
         """The image pinned by digest: the one given, or the registry's for the current key."""

@@ -34,6 +34,7 @@ from pipelines.images.spec import load_image  # noqa: E402
 from pipelines.paths import RECEIPT  # noqa: E402
 from pipelines.profiles import load_profile  # noqa: E402
 from pipelines.settings import read_settings  # noqa: E402
+from pipelines.site import Site  # noqa: E402
 from pipelines.steps import Engine  # noqa: E402
 from pipelines.store import Store  # noqa: E402
 
@@ -64,7 +65,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     endpoints = devstack.up()
-    settings = ImageSettings(endpoints.registry, endpoints.docker_host)
+    settings = ImageSettings(Site(lambda: (endpoints.registry, (endpoints.docker_host,))))
 
     hits = time_cache_hit(5)
     print(f"cache hit `doit image`: median {statistics.median(hits):.2f} s (target < 1 s)")
