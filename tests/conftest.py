@@ -15,6 +15,7 @@ from devstack.settings import ENGINE_ENV, SSH_PORT_ENV
 sys.path.insert(0, str(Path(__file__).resolve().parent / "perf"))
 
 from support.ports import spare_stack_ports  # noqa: E402  (tests/ is on the path from here)
+from support.skips import SkipPolicy  # noqa: E402
 
 # The tests' stack lives apart from the one `scripts/main` left running (`.stack/`): its own
 # folder, ports and engines, so a user's deployment is never touched by a test. Set for the whole
@@ -22,6 +23,8 @@ from support.ports import spare_stack_ports  # noqa: E402  (tests/ is on the pat
 TEST_STACK_DIR = local_stack.REPO_ROOT / ".stack-test"
 os.environ[local_stack.STACK_DIR_ENV] = str(TEST_STACK_DIR)
 PORT_ATTEMPTS = 5
+# pytester: the skip policy's own test runs a small session of its own.
+pytest_plugins = ["pytester"]
 
 
 def stopped_test_stack() -> None:
@@ -56,6 +59,11 @@ def start_test_stack() -> local_stack.Endpoints:
         finally:
             os.environ.pop(ENGINE_ENV)
     pytest.fail(f"spare ports were taken by other processes {PORT_ATTEMPTS} times in a row")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Fail the session for any skip on CI's machine kind (tests/support/skips.py)."""
+    config.pluginmanager.register(SkipPolicy(local_stack.REPO_ROOT), "sparkforge-skips")
 
 
 @pytest.fixture(scope="session")

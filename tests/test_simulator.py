@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import requests
+import tokenizers
 from sim_server import SERVER, Sim, make_model
 
 FAST = {"SIM_TTFT_S": "0.005", "SIM_DECODE_TOK_S": "5000"}
@@ -375,7 +376,6 @@ def test_incomplete_model_folder_refuses_to_start(tmp_path: Path, breakage, name
 
 
 def test_tokenizer_json_counts_like_the_server(tmp_path: Path, sim: Sim) -> None:
-    tokenizers = pytest.importorskip("tokenizers")
     subprocess.run([sys.executable, str(SERVER), "--write-tokenizer", str(tmp_path)], check=True)
     tok = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     text = "the model\u2003runs\x85on a\u00a0ring\x1cof zzz 19+23  \n\t sparks."
