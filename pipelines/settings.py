@@ -14,7 +14,8 @@ STORE_ENV = "SPARKFORGE_STORE"
 WEIGHTS_ENV = "SPARKFORGE_WEIGHTS"
 BUILDER_ENV = "SPARKFORGE_BUILDER"
 # A deploy's wait for its members to serve: twice the 8 minutes a Spark ring's group can take
-# to come back after a change (domain.md); 300 s rolled back deploys that would have served.
+# to come back after a change (pipelines/profiles/FACTS.md); 300 s rolled back deploys that
+# would have served.
 DEPLOY_TIMEOUT_S = 960.0
 # Names whose values are secrets: never rendered, printed or stored (checked on output).
 SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|ACCESS_KEY|SIGNING_KEY", re.IGNORECASE)

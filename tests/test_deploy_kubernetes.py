@@ -599,7 +599,8 @@ def test_the_models_download_waits_on_the_staging_timeout_not_the_deploys(world)
 
 
 def test_a_deploy_waits_by_default_longer_than_a_ring_group_takes_to_come_back():
-    # domain.md: any change to the group recreates all members, 2 to 8 minutes on a Spark ring.
+    # pipelines/profiles/FACTS.md: any change to the group recreates all members, 2 to 8
+    # minutes on a Spark ring.
     settings = read_settings({})
     assert settings.deploy_timeout_s >= 2 * 8 * 60
     assert settings.stage_timeout_s >= 6 * 3600  # 460 GB through one storage uplink

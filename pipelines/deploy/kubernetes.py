@@ -1,9 +1,10 @@
 """The Kubernetes backend (tp3-ring): llmkube objects by server-side apply, phase by phase.
 
-The phases follow the rendered order (domain.md's): caches, the Model (wait for Ready), the
-TP3 patch Jobs (wait for Complete), the node-prep Jobs (wait), then the InferenceService, whose
-wait is `wait`. Each object carries the configuration sparkforge applied last as an annotation,
-so restore can re-apply exactly what ran before, and delete what did not exist.
+The phases follow the rendered order (pipelines/profiles/FACTS.md, "Apply order"): caches,
+the Model (wait for Ready), the TP3 patch Jobs (wait for Complete), the node-prep Jobs (wait),
+then the InferenceService, whose wait is `wait`. Each object carries the configuration
+sparkforge applied last as an annotation, so restore can re-apply exactly what ran before, and
+delete what did not exist.
 """
 
 from __future__ import annotations

@@ -9,11 +9,11 @@ from pipelines.errors import PipelineError
 from pipelines.fabric.nccllog import NcclLog
 from pipelines.profiles import Profile
 
-# The three-Spark ring's published three-rank all-reduce (domain.md, 2026-09-13) and the share
-# of it tp3-ring's floor keeps (`fabric.min_busbw_gbs`): nccl-tests' own margin before it prints
-# FAILED for a minimum bandwidth (`bw < check_avg_bw * 0.9`, src/util.cu), wide enough for
-# run-to-run variation; a NET/Socket fallback lands an order of magnitude below (2.9 vs 328 GB/s
-# on the H200 pair), so the floor cannot pass a fallback.
+# The three-Spark ring's published three-rank all-reduce (pipelines/profiles/FACTS.md,
+# 2026-09-13) and the share of it tp3-ring's floor keeps (`fabric.min_busbw_gbs`): nccl-tests'
+# own margin before it prints FAILED for a minimum bandwidth (`bw < check_avg_bw * 0.9`,
+# src/util.cu), wide enough for run-to-run variation; a NET/Socket fallback lands an order of
+# magnitude below (2.9 vs 328 GB/s on the H200 pair), so the floor cannot pass a fallback.
 TP3_MEASURED_BUSBW = 23.2
 TOLERANCE = 0.9
 TRANSPORTS = ("NET/IB", "NET/Socket", "P2P", "SHM", "CollNet")

@@ -206,9 +206,10 @@ def render_kubernetes(
             name = f"{prefix}-{body['kind'].lower()}-{body['metadata']['name']}.yaml"
             docs.append(Document(name, body))
 
-    # Apply order, as domain.md has it: caches, the Model (staging), the TP3 patch on every
-    # member's copy, node prep (drop the page cache the stage left), then the group. Ring
-    # staging fills every member's cache before the Model, which then finds the files there.
+    # Apply order, as pipelines/profiles/FACTS.md has it: caches, the Model (staging), the TP3
+    # patch on every member's copy, node prep (drop the page cache the stage left), then the
+    # group. Ring staging fills every member's cache before the Model, which then finds the
+    # files there.
     if profile.model.config_patch == "tp3-heads":
         add("10", "configmap-tp3-patch.yaml.j2")
     if staging:

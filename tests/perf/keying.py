@@ -43,7 +43,7 @@ SMALL = {
 
 
 def model_sizes() -> dict[str, int]:
-    """The 54 files with the sizes of domain.md: 460 GB, shards 47 and 48 at 101 GB each."""
+    """The 54 files at the sizes FACTS.md gives: 460 GB, shards 47 and 48 at 101 GB each."""
     rest = 460 * GB - 2 * 101 * GB - sum(SMALL.values())
     sizes = dict(SMALL)
     for n in range(1, 47):
