@@ -1,6 +1,7 @@
 """Profiles load once, at the edge, and a wrong field is one line naming file and field."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,39 @@ def test_profiles_agree_with_the_domain_facts():
     assert tp3.vllm.speculative.num_speculative_tokens == 5
     assert tp4.sglang.speculative.num_speculative_tokens == 5
     assert set(available_profiles()) >= {"local", "tp3-ring", "tp4-ring"}
+
+
+FACTS = PROFILES_DIR / "FACTS.md"
+
+
+def test_the_facts_the_code_cites_are_on_the_projects_own_page():
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    texts = {name: (REPO / name).read_text(errors="replace") for name in tracked}
+    # Nothing cites a page outside the project; the facts page is cited where facts are used.
+    outside = "domain" + ".md"  # spelled apart, or this file would cite it
+    assert [name for name, text in texts.items() if outside in text] == []
+    citing = {name for name, text in texts.items() if "FACTS.md" in text} - {
+        "tests/test_profiles.py"
+    }
+    assert len(citing) >= 10, sorted(citing)
+    headings = [line[3:] for line in FACTS.read_text().splitlines() if line.startswith("## ")]
+    sections = 0
+    for name in citing:
+        # A section named as `FACTS.md, "Heading"` or `FACTS.md beside this file ("Heading")`.
+        for quoted in re.findall(r'FACTS\.md(?:, | [^"\n(]{0,30}\()"([^"]+)"', texts[name]):
+            assert any(h.startswith(quoted) for h in headings), (name, quoted)
+            sections += 1
+    assert sections >= 5
+    # The figures the code and profiles gate on are the page's.
+    from pipelines.fabric.expect import TP3_MEASURED_BUSBW
+    from pipelines.settings import DEPLOY_TIMEOUT_S
+
+    page = FACTS.read_text()
+    assert f"**{TP3_MEASURED_BUSBW} GB/s**" in page
+    assert f"{DEPLOY_TIMEOUT_S:.0f} s, twice the {DEPLOY_TIMEOUT_S / 120:.0f} minutes" in page
+    assert "2 to 8 minutes" in page and "0.78 is the floor" in page
 
 
 def test_misspelled_field_is_one_line_naming_file_field_and_expected(tmp_path):

@@ -139,6 +139,18 @@ def _tiny_context(content: bytes) -> io.BytesIO:
     return buffer
 
 
+def test_the_tests_run_on_a_stack_of_their_own_never_the_users(stack):
+    # What `scripts/main` leaves running lives in .stack/ on the default ports: the tests' stack
+    # shares none of its folder, ports or engines, and starts its own engine whatever answers.
+    ours = local_stack.REPO_ROOT / ".stack-test"
+    assert local_stack.default_stack_dir() == ours
+    assert "docker" in stack.started
+    assert stack.docker_hosts[0] == f"unix://{ours}/docker/docker.sock"
+    assert stack.docker_hosts[1].endswith(f"{ours}/docker-b/docker.sock")
+    ports = {address.rsplit(":", 1)[1] for address in (stack.s3_url, stack.registry, stack.ssh)}
+    assert not ports & {"8333", "5000", "2222"}
+
+
 def test_up_again_keeps_the_same_single_set_of_services(stack):
     directory = local_stack.default_stack_dir()
     before = {s.name: s.pid for s in local_stack.status()}
