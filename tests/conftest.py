@@ -20,7 +20,11 @@ from support.skips import SkipPolicy  # noqa: E402
 # The tests' stack lives apart from the one `scripts/main` left running (`.stack/`): its own
 # folder, ports and engines, so a user's deployment is never touched by a test. Set for the whole
 # session, before anything reads it: every doit the tests run finds this stack's endpoints.
-TEST_STACK_DIR = local_stack.REPO_ROOT / ".stack-test"
+# SPARKFORGE_TEST_STACK_DIR names a running stack to use as it is instead, never started or
+# stopped here: parallel runs that share one (tests/perf/mutation.py).
+SHARED_STACK_ENV = "SPARKFORGE_TEST_STACK_DIR"
+SHARED_STACK = os.environ.get(SHARED_STACK_ENV, "")
+TEST_STACK_DIR = Path(SHARED_STACK or local_stack.REPO_ROOT / ".stack-test").absolute()
 os.environ[local_stack.STACK_DIR_ENV] = str(TEST_STACK_DIR)
 PORT_ATTEMPTS = 5
 # pytester: the skip policy's own test runs a small session of its own.
@@ -37,6 +41,7 @@ def stopped_test_stack() -> None:
 def start_test_stack() -> local_stack.Endpoints:
     """The tests' stack on spare ports, anew: what a killed session left is stopped first."""
     stopped_test_stack()
+    engine_before = os.environ.get(ENGINE_ENV)
     for _ in range(PORT_ATTEMPTS):
         s3_port, registry_port, ssh_port = spare_stack_ports()
         os.environ[local_stack.S3_PORT_ENV] = str(s3_port)
@@ -57,7 +62,10 @@ def start_test_stack() -> local_stack.Endpoints:
             if not taken:
                 raise
         finally:
-            os.environ.pop(ENGINE_ENV)
+            if engine_before is None:
+                os.environ.pop(ENGINE_ENV)
+            else:
+                os.environ[ENGINE_ENV] = engine_before
     pytest.fail(f"spare ports were taken by other processes {PORT_ATTEMPTS} times in a row")
 
 
@@ -68,10 +76,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def stack():
-    """The tests' own stack's Endpoints; started here and stopped at the end of the session."""
+    """The tests' own stack's Endpoints; started here and stopped at the end of the session
+    (its logs kept for a look at what failed), or the shared one, as it is."""
+    if SHARED_STACK:
+        yield local_stack.read_endpoints()
+        return
     endpoints = start_test_stack()
     yield endpoints
-    stopped_test_stack()
+    local_stack.down()
 
 
 @pytest.fixture(scope="session")

@@ -40,14 +40,16 @@ def test_a_skip_fails_the_session_on_the_ci_kind_and_only_there(pytester: pytest
         test_some="import pytest\n"
         "def test_runs(): pass\n"
         "def test_skips(): pytest.skip('no frobnicator on this machine')\n"
-        "@pytest.mark.xfail(reason='known')\ndef test_expected_to_fail(): assert False\n"
+        "@pytest.mark.xfail(reason='known')\ndef test_expected_to_fail(): assert False\n",
+        test_whole="import pytest\npytest.skip('no widget', allow_module_level=True)\n",
     )
     result = pytester.runpytest_subprocess("-rs", "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["SKIPPED * no frobnicator on this machine"])
-    said = "error: 1 test(s) skipped on the machine kind CI uses (2 cores, root, ext4)"
+    said = "error: 2 test(s) skipped on the machine kind CI uses (2 cores, root, ext4)"
     if this_machine_is_ci_kind(REPO):
         assert result.ret == pytest.ExitCode.TESTS_FAILED
-        assert f"{said}, where every test must run: test_some.py::test_skips" in result.stdout.str()
+        where = "where every test must run: test_whole.py, test_some.py::test_skips"
+        assert f"{said}, {where}" in result.stdout.str()
     else:
         assert result.ret == pytest.ExitCode.OK
         assert said not in result.stdout.str()

@@ -189,7 +189,8 @@ def check(repo: Path, schemas: Path = LLMKUBE_SCHEMAS_DIR) -> tuple[list[str], l
     """Check the committed schemas against the operator's checkout: (findings, problems).
 
     At the commit source.json records, each CRD must have the recorded sha256 and derive to
-    the committed file byte for byte, and every sample must pass layers 1 and 2.
+    the committed file byte for byte, and every sample must pass layers 1 and 2 with the
+    schemas of that folder (and its overlay).
     """
     record = read_record(schemas)
     commit = record["commit"]
@@ -210,7 +211,7 @@ def check(repo: Path, schemas: Path = LLMKUBE_SCHEMAS_DIR) -> tuple[list[str], l
     samples = operator_samples(repo, commit)
     passed = 0
     for doc in samples:
-        refused = check_crd_schema(doc) + check_operator_rules(doc)
+        refused = check_crd_schema(doc, schemas) + check_operator_rules(doc, schemas)
         problems += refused
         passed += not refused
     findings.append(

@@ -6,8 +6,10 @@ import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
+from pipelines.paths import LLMKUBE_SCHEMAS_DIR
 from pipelines.render.crd_schema import known_kinds, operator_schema
 from pipelines.render.documents import Document
 from pipelines.render.violations import violation
@@ -97,12 +99,12 @@ def evaluate(rule: CelRule, node: Any) -> str | None:
     return None if result is True else rule.message
 
 
-def check_cel(doc: Document) -> list[str]:
+def check_cel(doc: Document, folder: Path = LLMKUBE_SCHEMAS_DIR) -> list[str]:
     """Every CEL rule of the document's CRD that its values break, one line each."""
     kind = doc.body.get("kind")
-    if kind not in known_kinds():
+    if kind not in known_kinds(folder):
         return []  # layer 1 already names the unknown kind
-    schema = operator_schema(kind)
+    schema = operator_schema(kind, folder)
     body = with_defaults(schema.schema, doc.body)
     found = []
     for rule in cel_rules(schema.schema):
@@ -178,9 +180,9 @@ def check_admission(doc: Document) -> list[str]:
     return found
 
 
-def check_operator_rules(doc: Document) -> list[str]:
+def check_operator_rules(doc: Document, folder: Path = LLMKUBE_SCHEMAS_DIR) -> list[str]:
     """Layer 2 for one llmkube document: its CRD's CEL rules, then the admission guard."""
-    found = check_cel(doc)
+    found = check_cel(doc, folder)
     if doc.body.get("kind") == "InferenceService":
         found += check_admission(doc)
     return found

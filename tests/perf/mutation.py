@@ -9,7 +9,8 @@ files) under --workdir, default $TMPDIR/sparkforge-mutation/GROUP; mutmut writes
 there, so nothing lands in the repository and the repository's .store is never read (the runs
 get a store of their own). The [tool.mutmut] section of pyproject.toml is copied with
 only_mutate and the test selection narrowed to the group. Tests reach the local stack that
-scripts/stack runs ($SPARKFORGE_STACK_DIR, else the checkout's .stack/).
+scripts/stack runs ($SPARKFORGE_STACK_DIR, else the checkout's .stack/), shared by every run
+as $SPARKFORGE_TEST_STACK_DIR: used as it is, never started or stopped by a run.
 
 mutmut runs a mutant only against the tests that called the mutated function, and it sees
 calls in its own process only. Most of the engine runs in the doit subprocesses the tests
@@ -242,6 +243,7 @@ def environment(work: Path) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(work / "mutants"), str(work / "hooks")])
     env["SPARKFORGE_MUTATION_HITS"] = str(work / "hits")
     env["SPARKFORGE_STACK_DIR"] = stack_folder()
+    env["SPARKFORGE_TEST_STACK_DIR"] = stack_folder()  # tests/conftest.py: the shared stack
     env["SPARKFORGE_STORE"] = str(work / "store")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env

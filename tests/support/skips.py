@@ -59,10 +59,17 @@ class SkipPolicy:
         if report.skipped and not hasattr(report, "wasxfail"):
             self.skipped.append(report.nodeid)
 
+    @pytest.hookimpl
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """Note each module skipped whole while it was collected (a module-level skip)."""
+        if report.skipped:
+            self.skipped.append(report.nodeid)
+
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        """Fail a session that skipped a test on CI's machine kind."""
-        if self.skipped and this_machine_is_ci_kind(self.checkout):
+        """Fail a session that skipped a test on CI's machine kind (a worse end stays as is)."""
+        ok = session.exitstatus == pytest.ExitCode.OK
+        if ok and self.skipped and this_machine_is_ci_kind(self.checkout):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     @pytest.hookimpl
