@@ -74,6 +74,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SkipPolicy(local_stack.REPO_ROOT), "sparkforge-skips")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `stack` every test that reaches the stack fixture, however indirectly: the fast
+    lane is `pytest -m "not stack"`, which starts no service."""
+    for item in items:
+        if "stack" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.stack)
+
+
 @pytest.fixture(scope="session")
 def stack():
     """The tests' own stack's Endpoints; started here and stopped at the end of the session
