@@ -13,6 +13,7 @@ import pytest
 import yaml
 from kube_api import KubeDouble, KubeServer, b64, job_status, service_status
 from staged_tp3 import staged_tp3_render
+from support import stages
 
 from pipelines.deploy import Deploy, DeploySettings, KubeAccess
 from pipelines.deploy.health import DeployError
@@ -21,12 +22,11 @@ from pipelines.deploy.plan import Deployment
 from pipelines.deploy.records import Records
 from pipelines.errors import PipelineError
 from pipelines.profiles import load_profile
-from pipelines.render import Render
 from pipelines.settings import read_settings
 from pipelines.site import Site
 from pipelines.steps import Engine
 from pipelines.store import Store
-from pipelines.weights import Weights, WeightsSettings
+from pipelines.weights import Weights
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE_A = "ghcr.io/lab/sparkforge/vllm-gb10-dsv41-exl3@sha256:" + "a" * 64
@@ -114,14 +114,14 @@ def deploy_stage(world: World, image: str, timeout_s: float = 5.0, **kube) -> De
     """The Deploy stage of tp3-ring as dodo wires it, its render step run for image."""
     profile = load_profile("tp3-ring")
     engine = Engine(Store(world.store), root=REPO)
-    weights = Weights(profile, engine, WeightsSettings(world.store / "weights"))
-    render = Render(profile, engine, weights.outputs, lambda: image, [SECRET])
+    render = stages.render_stage(profile, engine, image, [SECRET])
     engine.run(render.step)
+    run = stages.context(profile, engine, Site.named("ghcr.io/lab"), [SECRET])
+    model = Weights(run).outputs
+    stage = Deploy(run, render=render.step, tags=world.tags, model=model, stager=stages.NO_STAGER)
     access = KubeAccess(str(world.kubeconfig), poll_s=0.001, **kube)
-    settings = DeploySettings(
-        Site.named("ghcr.io/lab"), timeout_s, "test", lambda: "0" * 40, access
-    )
-    stage = Deploy(profile, engine, render.step, world.tags, weights.lock_file, settings)
+    site = stage.settings.site
+    stage.settings = DeploySettings(site, timeout_s, "test", lambda: "0" * 40, access)
     stage.records = Records(world.records)  # the store is shared, the history is the test's
     return stage
 

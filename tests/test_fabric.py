@@ -17,10 +17,11 @@ import docker.errors
 import pytest
 import yaml
 from kube_api import KubeDouble, KubeServer, job_status
+from support import stages
 
 import devstack as local_stack
 from pipelines.deploy import DockerHosts, KubeAccess, Member
-from pipelines.fabric import Fabric, FabricSettings, fabric_refusal, fabric_verdict
+from pipelines.fabric import Fabric, fabric_refusal, fabric_verdict
 from pipelines.fabric.expect import (
     TOLERANCE,
     TP3_MEASURED_BUSBW,
@@ -34,14 +35,12 @@ from pipelines.fabric.launch import DockerLauncher, KubernetesLauncher, MemberRu
 from pipelines.fabric.nccllog import bus_bandwidth, parse_log
 from pipelines.paths import FABRIC_PROBE, PATCH_SOURCE, PROFILES_DIR
 from pipelines.profiles import ProfileError, load_profile
-from pipelines.render import Render
 from pipelines.render import fabric as render_fabric
 from pipelines.render.documents import Document, RenderInputs
 from pipelines.render.validate import validate_documents
 from pipelines.site import Site
 from pipelines.steps import Engine
 from pipelines.store import Store
-from pipelines.weights import Weights, WeightsSettings
 from pipelines.weights.lock import load_lock, lock_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -371,16 +370,13 @@ def fabric_stage(
     """The fabric stage of a ring profile as dodo wires it; replay: a Replay or a factory."""
     profile = load_profile(name)
     engine = Engine(Store(tmp_path / "store"), root=REPO)
-    weights = Weights(profile, engine, WeightsSettings(tmp_path / "store" / "weights"))
     image = SGLANG if name == "tp4-ring" else VLLM
-    render = Render(profile, engine, weights.outputs, lambda: image, [])
+    render = stages.render_stage(profile, engine, image)
     engine.run(render.step)
-    settings = FabricSettings(
-        NO_ENGINES, "tester", lambda: "abc123", expect=expect, timeout_s=timeout_s
-    )
+    stage = Fabric(stages.context(profile, engine, expect=expect), render=render.step)
     launcher = replay if callable(replay) else (lambda profile, settings: replay)
-    settings = dataclasses.replace(settings, launcher=launcher)
-    return Fabric(profile, engine, render.step, settings)
+    stage.settings = dataclasses.replace(stage.settings, launcher=launcher, timeout_s=timeout_s)
+    return stage
 
 
 def test_a_socket_fallback_fails_the_check_in_lines_and_keeps_one_result_with_provenance(

@@ -13,9 +13,10 @@ from pathlib import Path
 import docker.errors
 import pytest
 from conftest import delete_repository
+from support import stages
 
 import devstack as local_stack
-from pipelines.images import Images, ImageSettings
+from pipelines.images import Images
 from pipelines.images.build import (
     build_image,
     buildx_available,
@@ -39,9 +40,9 @@ WRITES = re.compile(r'"(PUT|POST|PATCH) /v2/')
 class ImagesOf(Images):
     """The images stage of a profile with its image read from another folder (a copy)."""
 
-    def __init__(self, folder: Path, engine: Engine, settings: ImageSettings, profile="local"):
+    def __init__(self, folder: Path, engine: Engine, site: Site, profile="local"):
         self.image = load_image(folder.name, folder.parent)  # before the steps are made
-        super().__init__(load_profile(profile), engine, settings)
+        super().__init__(stages.context(load_profile(profile), engine, site))
 
 
 @pytest.fixture(scope="session")
@@ -51,25 +52,25 @@ def registry(stack):
 
 
 @pytest.fixture(scope="session")
-def settings(stack):
-    """The images settings of the local profile: the stack's registry and engine."""
-    return ImageSettings(Site(lambda: (stack.registry, (stack.docker_host,))))
+def site(stack):
+    """The local profile's site: the stack's registry and engine."""
+    return Site(lambda: (stack.registry, (stack.docker_host,)))
 
 
 @pytest.fixture(scope="session")
 def copies(stack):
-    """Settings that push test copies of local-sim under a namespace of their own, removed
+    """A site that pushes test copies of local-sim under a namespace of their own, removed
     from the shared registry at the end (its deletes are enabled; see devstack)."""
     namespace = f"sparkforge-test-{uuid.uuid4().hex[:8]}"
-    yield ImageSettings(Site(lambda: (stack.registry, (stack.docker_host,)), namespace))
+    yield Site(lambda: (stack.registry, (stack.docker_host,)), namespace)
     delete_repository(stack.registry, f"{namespace}/sparkforge/local-sim")
 
 
 @pytest.fixture(scope="session")
-def local_base(stack, registry, settings, tmp_path_factory):
+def local_base(stack, registry, site, tmp_path_factory):
     """The debootstrap base of local-sim, built once (the registry keeps it by key)."""
     engine = Engine(Store(tmp_path_factory.mktemp("base-store")))
-    images = Images(load_profile("local"), engine, settings)
+    images = Images(stages.context(load_profile("local"), engine, site))
     engine.run(images.base_step)  # found in the registry, else debootstrapped and pushed
     ref = images.base_ref()
     repository, digest = images.base_step.cache.repository, ref.rsplit("@", 1)[1]
@@ -118,7 +119,7 @@ def test_unpinned_from_is_refused_with_file_line_and_expectation(tmp_path):
 def gb10_images(name: str, registry: str, store: Path) -> Images:
     """The images stage of a ring profile running the image `name`, pushing to registry."""
     profile = replace(load_profile("tp3-ring"), image=name)
-    return Images(profile, Engine(Store(store)), ImageSettings(Site.named(registry)))
+    return Images(stages.context(profile, Engine(Store(store)), Site.named(registry)))
 
 
 @pytest.mark.parametrize("name", ["vllm-gb10-dsv41-exl3", "sglang-gb10-dsv41"])
@@ -222,12 +223,12 @@ def test_two_clean_builds_give_one_digest_where_plain_docker_build_gives_two(
 
 
 def test_a_clean_build_of_local_sim_gives_the_digest_the_registry_holds_for_its_key(
-    stack, registry, settings, local_base, docker_client, tmp_path
+    stack, registry, site, local_base, docker_client, tmp_path
 ):
     # Reproducible across runs, machines and versions of this code: the registry's image of
     # a key was built before (by an earlier version, maybe), and a build now must match it.
     engine = Engine(Store(tmp_path / "store"))
-    images = Images(load_profile("local"), engine, settings)
+    images = Images(stages.context(load_profile("local"), engine, site))
     engine.run(images.image_step)  # the registry holds the key from now on (built, or found)
     pushed = images.image_ref().rsplit("@", 1)[1]
     assert "docker" in stack.started, "the tests run on the stack's own engine (conftest)"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import stages
 
 from pipelines.errors import PipelineError
 from pipelines.paths import LLMKUBE_SCHEMAS_DIR, PATCH_SOURCE, PROFILES_DIR
@@ -34,7 +35,6 @@ from pipelines.render.operator_rules import cel_rules, check_admission, check_op
 from pipelines.render.validate import validate_layers
 from pipelines.steps import Engine
 from pipelines.store import Store
-from pipelines.weights import Weights, WeightsSettings
 from pipelines.weights.lock import load_lock, lock_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -308,9 +308,7 @@ def test_cache_variables_without_a_writable_mount_are_refused_as_policy(edit):
 
 def render_stage(profile, store_root: Path, image: str = IMAGE) -> Render:
     """The render stage of a profile as dodo wires it."""
-    engine = Engine(Store(store_root), root=REPO)
-    weights = Weights(profile, engine, WeightsSettings(store_root / "weights"))
-    return Render(profile, engine, weights.outputs, lambda: image, [])
+    return stages.render_stage(profile, Engine(Store(store_root), root=REPO), image)
 
 
 # Profiles the loader accepts that our policy refuses (test_render.py has four more; the loader

@@ -166,6 +166,12 @@ def test_doit_list_and_help_need_nothing_running(tmp_path, name):
     assert listed.returncode == 0, listed.stderr
     tasks = {line.split()[0] for line in listed.stdout.splitlines() if line.strip()}
     assert tasks >= STAGE_TASKS, sorted(STAGE_TASKS - tasks)
+    # A stage with nothing to do for the profile yields no task, not an empty group named for
+    # its dodo.py variable (what doit makes of an empty generator).
+    assert all(task.islower() for task in tasks), sorted(tasks)
+    profile = load_profile(name)
+    wanted = (len(profile.members) > 1, profile.fabric is not None)
+    assert ("stager_image" in tasks, "fabric" in tasks) == wanted
     helped = doit_without_a_stack(tmp_path, "help", "deploy", f"profile={name}")
     assert helped.returncode == 0, helped.stderr
     assert "deploy the built profile" in helped.stdout

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from staged_tp3 import staged_tp3_render
+from support import stages
 
 from pipelines.errors import PipelineError
 from pipelines.paths import PATCH_SOURCE, PROFILES_DIR, RENDER_DIR
@@ -31,7 +32,6 @@ from pipelines.render.validate import (
 from pipelines.schema import replace
 from pipelines.steps import Engine
 from pipelines.store import Store
-from pipelines.weights import Weights, WeightsSettings
 from pipelines.weights.lock import load_lock, lock_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,9 +46,7 @@ def docs_by_kind(docs: list[Document], kind: str) -> list[dict]:
 
 def render_stage(profile, store_root: Path, image: str = IMAGE, secrets=()) -> Render:
     """The render stage of a profile as dodo wires it: weights' published outputs, an image."""
-    engine = Engine(Store(store_root), root=REPO)
-    weights = Weights(profile, engine, WeightsSettings(store_root / "weights"))
-    return Render(profile, engine, weights.outputs, lambda: image, list(secrets))
+    return stages.render_stage(profile, Engine(Store(store_root), root=REPO), image, secrets)
 
 
 def tp3_docs() -> list[Document]:

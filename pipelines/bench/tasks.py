@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.errors import PipelineError
-from pipelines.profiles import Profile
-from pipelines.steps import Engine, side_task
+from pipelines.stage import Context
+from pipelines.steps import side_task
 
 
 class BenchError(PipelineError):
@@ -32,10 +32,18 @@ class Bench:
 
     name = "bench"
 
-    def __init__(self, profile: Profile, engine: Engine, settings: BenchSettings):
-        self.profile = profile
-        self.engine = engine
-        self.settings = settings
+    def __init__(
+        self,
+        context: Context,
+        *,
+        live: Callable[[], dict[str, Any] | None],
+        fabric_refusal: Callable[[], str | None] | None,
+    ):
+        # live: deploy's published deployment; fabric_refusal: the fabric check's word (None:
+        # the profile has no fabric).
+        self.profile = context.profile
+        self.engine = context.engine
+        self.settings = BenchSettings(live, fabric_refusal, context.git, context.settings.bench_url)
 
     def provenance(self, deployed: dict[str, Any], endpoint: str) -> dict[str, Any]:
         """Where the numbers come from: the deployment's record and this checkout."""
@@ -107,7 +115,7 @@ class Bench:
             return engine.max_model_len
         return p.sglang.context_length if p.sglang else 0
 
-    def tasks(self) -> Iterator[dict[str, Any]]:
+    def create_doit_tasks(self) -> Iterator[dict[str, Any]]:
         """bench: runs when asked, against what is deployed (never deploys itself)."""
         yield side_task(
             "bench",

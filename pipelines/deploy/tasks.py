@@ -22,12 +22,14 @@ from pipelines.deploy.records import (
 )
 from pipelines.deploy.signals import restoring, terminate_as_interrupt
 from pipelines.errors import PipelineError
-from pipelines.profiles import Profile
 from pipelines.site import Site
-from pipelines.steps import Engine, Step, side_task
+from pipelines.stage import Context
+from pipelines.steps import Step, side_task
 
 if TYPE_CHECKING:
     from pipelines.deploy.backends import Backend
+    from pipelines.images import PublishedImage
+    from pipelines.weights import ModelOutputs
 
 # Preflight's floor of free disk where a member keeps its model folder.
 MIN_FREE_BYTES = 1 << 30
@@ -65,27 +67,50 @@ class RingStaging:
 
 
 class Deploy:
-    """Deploys one profile's rendered plans; publishes nothing (it is the last stage)."""
+    """Deploys one profile's rendered plans; publishes `live()`: the deployment that serves."""
 
     name = "deploy"
 
     def __init__(
         self,
-        profile: Profile,
-        engine: Engine,
+        context: Context,
+        *,
         render: Step,
         tags: Tags,
-        lock_file,
-        settings: DeploySettings,
-        ring_staging: RingStaging | None = None,
+        model: ModelOutputs,
+        stager: PublishedImage,
     ):
+        profile, engine, settings = context.profile, context.engine, context.settings
         self.profile = profile
-        self.ring_staging = ring_staging  # Docker-host rings: `doit stage_ring`
+        # A ring stages its weights member to member, in the stager image (`doit stage_ring`
+        # on Docker hosts; Jobs of the render on Kubernetes).
+        self.ring_staging = (
+            RingStaging(
+                stager.ref,
+                model.ring_plan_json,
+                model.member_roots,
+                model.model_folder,
+                after=(*model.source_tasks, *stager.tasks),
+            )
+            if stager.wanted
+            else None
+        )
         self.engine = engine
         self.render = render
         self.tags = tags
-        self.lock_file = lock_file
-        self.settings = settings
+        self.lock_file = model.lock_file
+        self.settings = DeploySettings(
+            context.site,
+            settings.deploy_timeout_s,
+            context.who,
+            context.git,
+            KubeAccess(
+                settings.kubeconfig,
+                settings.kube_context,
+                settings.kube_dry_run,
+                stage_timeout_s=settings.stage_timeout_s,
+            ),
+        )
         self.records = Records(engine.store.area("deployments") / profile.name)
 
     @cached_property
@@ -332,8 +357,8 @@ class Deploy:
 
         return run
 
-    def tasks(self) -> Iterator[dict[str, Any]]:
-        """deploy (after build), rollback and status."""
+    def create_doit_tasks(self) -> Iterator[dict[str, Any]]:
+        """deploy (after build), stage_ring (Docker-host rings), rollback and status."""
         yield side_task(
             "deploy",
             "deploy the built profile, smoke it, then move :stable (restores on failure)",

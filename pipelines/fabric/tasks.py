@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from pipelines.deploy import KubeAccess
-from pipelines.fabric.records import FAILED, PASSED, write_result
+from pipelines.fabric.records import FAILED, PASSED, fabric_refusal, write_result
 from pipelines.profiles import Profile
 from pipelines.site import Site
-from pipelines.steps import Engine, Step, side_task
+from pipelines.stage import Context
+from pipelines.steps import Step, side_task
 
 if TYPE_CHECKING:  # the parser and the checks are imported when a check runs, not at `doit list`
     from pipelines.fabric.expect import Expectations
@@ -76,15 +77,29 @@ def summary(log: NcclLog) -> dict[str, Any]:
 
 
 class Fabric:
-    """The fabric check of one ring profile; publishes its results in the store (records.py)."""
+    """The fabric check of a ring profile (none for a profile without a fabric section);
+    publishes `refusal`: why the bench must not start yet."""
 
     name = "fabric"
 
-    def __init__(self, profile: Profile, engine: Engine, render: Step, settings: FabricSettings):
-        self.profile = profile
-        self.engine = engine
+    def __init__(self, context: Context, *, render: Step):
+        settings = context.settings
+        self.profile = context.profile
+        self.engine = context.engine
         self.render = render
-        self.settings = settings
+        self.settings = FabricSettings(
+            context.site,
+            context.who,
+            context.git,
+            KubeAccess(settings.kubeconfig, settings.kube_context),
+            expect=context.variable("expect"),  # `doit fabric expect=P2P>=200`: a hand check
+        )
+
+    @property
+    def refusal(self) -> Callable[[], str | None] | None:
+        """Why the bench must not start (one line, or None when it may); None: no fabric."""
+        store, name = self.engine.store, self.profile.name
+        return (lambda: fabric_refusal(store, name)) if self.profile.fabric else None
 
     def expectations(self) -> Expectations:
         """The hand-given expectation, else the profile's."""
@@ -151,8 +166,12 @@ class Fabric:
         print(f"fabric: {self.profile.name}: passed ({expect.transport})")
         return path
 
-    def tasks(self) -> Iterator[dict[str, Any]]:
-        """fabric: the all-reduce on the ring, after render (the deployment must be up)."""
+    def create_doit_tasks(self) -> Iterator[dict[str, Any]] | None:
+        """fabric: the all-reduce on the ring, after render; none without a fabric section."""
+        return self._tasks() if self.profile.fabric else None
+
+    def _tasks(self) -> Iterator[dict[str, Any]]:
+        """The fabric task."""
         yield side_task(
             "fabric",
             "all-reduce across the ring as the runtime launches it; check transport, busbw, HCAs",

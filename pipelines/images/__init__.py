@@ -4,6 +4,6 @@ Other stages use only what is exported here.
 """
 
 from pipelines.images.inputs import git_revision
-from pipelines.images.tasks import Images, ImageSettings
+from pipelines.images.tasks import Images, PublishedImage
 
-__all__ = ["ImageSettings", "Images", "git_revision"]
+__all__ = ["Images", "PublishedImage", "git_revision"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -16,54 +16,81 @@ from pipelines.errors import PipelineError
 from pipelines.images.inputs import base_repository, image_repository
 from pipelines.images.registry import Registry, RegistryCache
 from pipelines.images.spec import ImageDir, load_image
-from pipelines.profiles import Profile
-from pipelines.site import Site
-from pipelines.steps import Engine, Step, StepRun, side_task
+from pipelines.stage import Context
+from pipelines.steps import Step, StepRun, side_task
 
 if TYPE_CHECKING:
     from pipelines.images.build import BuildPlan
 
 
 @dataclass(frozen=True)
-class ImageSettings:
-    """What the edge tells the images stage: where images go and which engine builds them."""
+class PublishedImage:
+    """An image as later stages take it: pinned by digest when asked, after the tasks that
+    build it (none when the run was given a digest CI pushed, or no image is wanted)."""
 
-    site: Site  # the registry (and its namespace) and the engine to build with, if any
-    builder: str | None = None  # SPARKFORGE_BUILDER: engine or buildx, else chosen here
+    ref: Callable[[], str]  # the image pinned by digest
+    tasks: tuple[str, ...]  # the tasks that must run before ref() answers
+    wanted: bool = True  # False: the profile uses no such image (the stager of one member)
 
 
 class Images:
-    """The runtime image of one profile: its base, plan, build and push.
+    """The runtime image of one profile (or, by `stager`, a ring's weights-stager image): its
+    base, plan, build and push.
 
-    Publishes `image_ref(digest)`: the image pinned by digest, for render and deploy.
+    Publishes `published`: the image pinned by digest and the tasks that build it.
     """
 
     name = "images"
 
     def __init__(
         self,
-        profile: Profile,
-        engine: Engine,
-        settings: ImageSettings,
+        context: Context,
+        *,
         image: str | None = None,
         prefix: str = "",
         digest_var: str = "image_digest",
         platform: str | None = None,
+        wanted: bool = True,
     ):
         # image: another image than the profile's runtime (the ring's weights-stager), whose
         # tasks are named with prefix so that both images live in one task graph.
-        self.profile = profile
-        self.engine = engine
-        self.settings = settings
-        self.image_name = image or profile.image
+        self.profile = context.profile
+        self.engine = context.engine
+        self.site = context.site
+        self.builder = context.settings.builder  # SPARKFORGE_BUILDER: engine or buildx, or None
+        self.image_name = image or context.profile.image
         self.prefix = prefix
         self.name = f"{prefix}images"  # the stage's name in the task table
         self.digest_var = digest_var  # the doit variable that passes a digest CI pushed
+        self.given_digest = context.variable(digest_var)
         self.platform_override = platform  # build for this platform, whatever image.yaml says
-        self.registry = Registry(lambda: settings.site.registry)
-        self.namespace = settings.site.namespace
+        self.wanted = wanted
+        site = context.site
+        self.registry = Registry(lambda: site.registry)
+        self.namespace = site.namespace
         self.base_step = self._base_step() if self.image.spec.base.local else None
         self.image_step = self._image_step()
+
+    @classmethod
+    def stager(cls, context: Context, *, runtime: Images) -> Images:
+        """A ring's weights-stager image, for the runtime's platform; no tasks for one member."""
+        return cls(
+            context,
+            image=context.profile.staging.image,
+            prefix="stager_",
+            digest_var="stager_digest",
+            platform=runtime.platform,
+            wanted=len(context.profile.members) > 1,
+        )
+
+    @property
+    def published(self) -> PublishedImage:
+        """The image pinned by digest, and the tasks to run first (none for a given digest)."""
+        return PublishedImage(
+            ref=lambda: self.image_ref(self.given_digest),
+            tasks=() if self.given_digest or not self.wanted else (self.image_step.name,),
+            wanted=self.wanted,
+        )
 
     @cached_property
     def image(self) -> ImageDir:
@@ -171,8 +198,8 @@ class Images:
                     f" ({native_platform()}), the ring needs {plan.platform}: build it on a"
                     f" {plan.platform} runner (CI's) or pass {self.digest_var}=sha256:..."
                 )
-        docker_host = self.settings.site.docker_host
-        builder = choose_builder(docker_host is not None, self.settings.builder)
+        docker_host = self.site.docker_host
+        builder = choose_builder(docker_host is not None, self.builder)
         if builder == "engine" and docker_host is None:
             raise PipelineError(
                 f"profile {self.profile.name}: no engine and no buildx here; images for"
@@ -188,7 +215,7 @@ class Images:
         import docker
         import docker.errors
 
-        docker_host = self.settings.site.docker_host
+        docker_host = self.site.docker_host
         try:
             return docker.DockerClient(base_url=docker_host)
         except docker.errors.DockerException as err:
@@ -261,8 +288,12 @@ class Images:
 
     # --- doit tasks ------------------------------------------------------------------------
 
-    def tasks(self) -> Iterator[dict[str, Any]]:
-        """The doit task dicts of the images stage for this profile."""
+    def create_doit_tasks(self) -> Iterator[dict[str, Any]] | None:
+        """The doit task dicts of the images stage for this profile (none for an unwanted one)."""
+        return self._tasks() if self.wanted else None
+
+    def _tasks(self) -> Iterator[dict[str, Any]]:
+        """The base (when built here), the image and the plan tasks."""
         tasks = []
         if self.base_step:
             tasks.append(self.engine.task(self.base_step))

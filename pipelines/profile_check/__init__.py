@@ -10,7 +10,8 @@ from pipelines.keys import canonical_json
 from pipelines.paths import PROFILES_DIR, PROFILES_MODULE, SCHEMA_MODULE
 from pipelines.profiles import load_profile, profile_path
 from pipelines.schema import as_data
-from pipelines.steps import Engine, Step, StepRun
+from pipelines.stage import Context
+from pipelines.steps import Step, StepRun
 
 
 def profile_step(name: str, folder: Path = PROFILES_DIR) -> Step:
@@ -37,14 +38,14 @@ def profile_step(name: str, folder: Path = PROFILES_DIR) -> Step:
 
 
 class ProfileCheck:
-    """The profile stage of one profile name; publishes `step`."""
+    """The profile stage of the run's profile; publishes `step`."""
 
     name = "profile"
 
-    def __init__(self, profile_name: str, engine: Engine, folder: Path = PROFILES_DIR):
-        self.engine = engine
-        self.step = profile_step(profile_name, folder)
+    def __init__(self, context: Context):
+        self.engine = context.engine
+        self.step = profile_step(context.profile.name, context.settings.profiles)
 
-    def tasks(self) -> Iterator[dict[str, Any]]:
+    def create_doit_tasks(self) -> Iterator[dict[str, Any]]:
         """The profile task."""
         yield self.engine.task(self.step)

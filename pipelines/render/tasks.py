@@ -5,14 +5,18 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines.paths import MANIFESTS_DIR, PROFILES_MODULE, RENDER_DIR
 from pipelines.profiles import Profile, ProfileError
 from pipelines.render.documents import Document, RenderInputs, write_documents
 from pipelines.schema import as_data
-from pipelines.steps import Engine, Sources, Step, StepRun
-from pipelines.weights import ModelOutputs
+from pipelines.stage import Context
+from pipelines.steps import Sources, Step, StepRun
+
+if TYPE_CHECKING:
+    from pipelines.images import PublishedImage
+    from pipelines.weights import ModelOutputs
 
 Renderer = Callable[[Profile, RenderInputs, list[str]], list[Document]]
 
@@ -52,21 +56,26 @@ class Render:
 
     def __init__(
         self,
-        profile: Profile,
-        engine: Engine,
+        context: Context,
+        *,
         model: ModelOutputs,
-        image: Callable[[], str],
-        secrets: list[str],
-        after: tuple[str, ...] = (),
-        stager_image: Callable[[], str] | None = None,
+        image: PublishedImage,
+        stager: PublishedImage,
     ):
-        # stager_image: a Kubernetes ring's weights-stager image; with a complete lock, the
-        # manifests then stage the weights member to member (render/kubernetes.py).
+        profile = context.profile
         self.profile = profile
-        self.engine = engine
+        self.engine = context.engine
         self.renderer = renderer_for(profile)
-        staging = stager_image if profile.deploy == "kubernetes" else None
-        self.step = self._step(model, image, secrets, after, staging) if self.renderer else None
+        # A Kubernetes ring stages its weights member to member in Jobs of the stager image
+        # (render/kubernetes.py), once its lock is complete: the ring plan needs every hash.
+        staging = stager.wanted and profile.deploy == "kubernetes" and model.is_locked()
+        self.step = self._step(
+            model,
+            image.ref,
+            list(context.settings.secrets),
+            image.tasks + (stager.tasks if staging else ()),
+            stager.ref if staging else None,
+        )
 
     def _step(
         self,
@@ -124,7 +133,6 @@ class Render:
             after=after,
         )
 
-    def tasks(self) -> Iterator[dict[str, Any]]:
-        """The render task, for profiles whose pair renders documents."""
-        if self.step:
-            yield self.engine.task(self.step)
+    def create_doit_tasks(self) -> Iterator[dict[str, Any]]:
+        """The render task."""
+        yield self.engine.task(self.step)

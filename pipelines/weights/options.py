@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipelines.settings import Settings
 
 MiB = 1 << 20
 
@@ -35,3 +39,16 @@ class WeightsSettings:
 
     root: Path
     fetch: FetchOptions = field(default_factory=FetchOptions)
+
+    @classmethod
+    def of(cls, settings: Settings, default_root: Path) -> WeightsSettings:
+        """This node's blob folder and fetch tuning: the environment's, else the defaults."""
+        default = FetchOptions()
+        mib = settings.fetch_part_mib
+        fetch = FetchOptions(
+            part_size=int(mib * MiB) if mib else default.part_size,
+            workers=settings.fetch_workers or default.workers,
+            max_rate=settings.fetch_max_mbps * 1e6 if settings.fetch_max_mbps else None,
+            durable=settings.fetch_durable,
+        )
+        return cls(settings.weights or default_root, fetch)

@@ -16,8 +16,8 @@ from typing import Any
 
 from pipelines.errors import PipelineError
 from pipelines.paths import PATCH_SOURCE
-from pipelines.profiles import Profile
-from pipelines.steps import Engine, Step, StepRun, side_task
+from pipelines.stage import Context
+from pipelines.steps import Step, StepRun, side_task
 from pipelines.weights.blobs import BlobStore
 from pipelines.weights.lock import (
     Lock,
@@ -48,6 +48,9 @@ class ModelOutputs:
         """Where the members keep the weights: this machine's store for local-stack profiles."""
         profile = self.weights.profile
         return str(self.weights.settings.root) if profile.local_stack else profile.node_weights_root
+
+    # The task that leaves the model staged on this machine (what `doit build` needs).
+    stage_task = "stage_weights"
 
     @property
     def source_tasks(self) -> tuple[str, ...]:
@@ -90,7 +93,9 @@ class Weights:
 
     name = "weights"
 
-    def __init__(self, profile: Profile, engine: Engine, settings: WeightsSettings):
+    def __init__(self, context: Context):
+        profile, engine = context.profile, context.engine
+        settings = WeightsSettings.of(context.settings, engine.store.area("weights"))
         self.profile = profile
         self.engine = engine
         self.settings = settings
@@ -316,7 +321,7 @@ class Weights:
 
     # --- doit tasks ------------------------------------------------------------------------
 
-    def tasks(self) -> Iterator[dict[str, Any]]:
+    def create_doit_tasks(self) -> Iterator[dict[str, Any]]:
         """The doit task dicts of the weights stage for this profile."""
         tasks = []
         fetch_setup = []

@@ -25,11 +25,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "perf"))
+sys.path.insert(0, str(REPO / "tests"))
 
 from plot import bar_chart  # noqa: E402
+from support.stages import context  # noqa: E402
 
 import devstack  # noqa: E402
-from pipelines.images import Images, ImageSettings  # noqa: E402
+from pipelines.images import Images  # noqa: E402
 from pipelines.images.spec import load_image  # noqa: E402
 from pipelines.paths import RECEIPT  # noqa: E402
 from pipelines.profiles import load_profile  # noqa: E402
@@ -55,9 +57,9 @@ def time_cache_hit(runs: int) -> list[float]:
 class ImagesOf(Images):
     """The local profile's images stage with its image read from another folder (a copy)."""
 
-    def __init__(self, folder: Path, engine: Engine, settings: ImageSettings):
+    def __init__(self, folder: Path, engine: Engine, site: Site):
         self.image = load_image(folder.name, folder.parent)  # before the steps are made
-        super().__init__(load_profile("local"), engine, settings)
+        super().__init__(context(load_profile("local"), engine, site))
 
 
 def main() -> None:
@@ -65,14 +67,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     endpoints = devstack.up()
-    settings = ImageSettings(Site(lambda: (endpoints.registry, (endpoints.docker_host,))))
+    site = Site(lambda: (endpoints.registry, (endpoints.docker_host,)))
 
     hits = time_cache_hit(5)
     print(f"cache hit `doit image`: median {statistics.median(hits):.2f} s (target < 1 s)")
 
     # The store `doit image` uses (its layer cache too); the base ref as the pipeline resolves it.
     store = Store(read_settings(os.environ).store)
-    base = Images(load_profile("local"), Engine(store), settings).base_ref()
+    base = Images(context(load_profile("local"), Engine(store), site)).base_ref()
     ours, plain = [], []
     with tempfile.TemporaryDirectory(prefix="images-bench-") as tmp:
         for _ in range(args.runs):
@@ -81,7 +83,7 @@ def main() -> None:
             server = folder / "server.py"  # a changed byte in a COPY: that step and after rerun
             server.write_text(server.read_text() + f"# {folder.parent.name}\n")
             engine = Engine(store)  # a fresh one per run: keys are memoized per engine
-            images = ImagesOf(folder, engine, settings)
+            images = ImagesOf(folder, engine, site)
             engine.key(images.image_step)  # the plan's key, outside the timing (as before)
             start = time.perf_counter()
             engine.run(images.image_step)  # build, normalize, push

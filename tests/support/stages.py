@@ -1,0 +1,47 @@
+"""Stages as dodo.py makes them, for tests: one Context, and what earlier stages publish."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from pipelines.images import PublishedImage
+from pipelines.profiles import Profile
+from pipelines.render import Render
+from pipelines.settings import read_settings
+from pipelines.site import Site
+from pipelines.stage import Context
+from pipelines.steps import Engine
+from pipelines.weights import Weights
+
+# A site with no registry or engine to reach (a test that renders, or replays a launcher).
+NO_SITE = Site(lambda: ("", ()))
+# The stager image of a profile that stages no ring.
+NO_STAGER = PublishedImage(lambda: "", (), wanted=False)
+
+
+def context(
+    profile: Profile,
+    engine: Engine,
+    site: Site = NO_SITE,
+    secrets: Iterable[str] = (),
+    **variables: str,
+) -> Context:
+    """A run's context: the defaults of an empty environment, the secrets and doit arguments
+    given (the weights under the engine's store, as dodo.py puts them)."""
+    settings = dataclasses.replace(read_settings({}), secrets=tuple(secrets))
+    return Context(profile, engine, settings, site, variables, "tester", lambda: "abc123")
+
+
+def pinned(image: str) -> PublishedImage:
+    """An image given by reference (as `image_digest=` gives it): nothing to build first."""
+    return PublishedImage(lambda: image, ())
+
+
+def render_stage(
+    profile: Profile, engine: Engine, image: str, secrets: Iterable[str] = ()
+) -> Render:
+    """The render stage of a profile around an image: the weights' published outputs."""
+    run = context(profile, engine, secrets=secrets)
+    weights = Weights(run)
+    return Render(run, model=weights.outputs, image=pinned(image), stager=NO_STAGER)
