@@ -5,7 +5,6 @@ stages meet only through what each publishes (a lock, an image reference, a mani
 """
 
 import os
-import sys
 
 from doit import get_var
 
@@ -13,7 +12,7 @@ from pipelines.bench import Bench, BenchSettings
 from pipelines.cache import remote_cache
 from pipelines.deploy import Deploy, DeploySettings, KubeAccess, RingStaging
 from pipelines.deploy.records import who_ran
-from pipelines.errors import PipelineError
+from pipelines.errors import PipelineError, exit_with
 from pipelines.fabric import Fabric, FabricSettings, fabric_refusal
 from pipelines.images import Images, ImageSettings, git_revision
 from pipelines.profile_check import ProfileCheck
@@ -176,7 +175,9 @@ try:
         else None
     )
 except PipelineError as err:
-    sys.exit(f"error: {err}")
+    # Before any task: one line and the error's code (2 for a bad profile or setting, README's
+    # "Exit codes"); SystemExit passes through doit's loader untouched.
+    exit_with(err)
 
 # The table of contents: each stage yields its doit tasks, in the order a build runs them.
 STAGES = (
