@@ -61,16 +61,28 @@ def deployed(tmp_path: Path) -> None:
     folder.mkdir(parents=True)
     deployment = {"key": "0" * 64, "documents": [{"address": "127.0.0.1", "port": 9}],
                   "image": "sim@sha256:" + "0" * 64, "engines": []}  # fmt: skip
-    record = {"outcome": "deployed", "deployment": deployment, "image": deployment["image"],
-              "lock_sha256": "0" * 64, "git": "test", "finished": time.time(), "who": "test"}  # fmt: skip
+    record = {
+        "outcome": "deployed",
+        "deployment": deployment,
+        "image": deployment["image"],
+        "lock_sha256": "0" * 64,
+        "git": "test",
+        "finished": time.time(),
+        "who": "test",
+    }
     (folder / f"{time.time_ns()}.json").write_text(json.dumps(record))
 
 
 @pytest.fixture
 def fast_sim(tmp_path):
     """A simulator serving the local profile's model, fast enough for a bench in seconds."""
-    settings = {"SIM_SERVED_MODEL_NAME": SERVED, "SIM_MAX_MODEL_LEN": "131072",
-                "SIM_TTFT_S": "0.01", "SIM_PREFILL_TOK_S": "1000000", "SIM_DECODE_TOK_S": "50000"}  # fmt: skip
+    settings = {
+        "SIM_SERVED_MODEL_NAME": SERVED,
+        "SIM_MAX_MODEL_LEN": "131072",
+        "SIM_TTFT_S": "0.01",
+        "SIM_PREFILL_TOK_S": "1000000",
+        "SIM_DECODE_TOK_S": "50000",
+    }
     sim = Sim(make_model(tmp_path / "model"), settings)
     yield sim
     sim.stop()
