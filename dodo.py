@@ -6,7 +6,6 @@ A stage with nothing to do for the profile yields no tasks.
 """
 
 import os
-import sys
 
 from doit import get_var
 
@@ -15,7 +14,7 @@ from doit import get_var
 from pipelines import bench, deploy, fabric, images, profile_check, render, weights
 from pipelines.cache import remote_cache
 from pipelines.deploy.records import who_ran
-from pipelines.errors import PipelineError
+from pipelines.errors import PipelineError, exit_with
 from pipelines.profiles import load_profile
 from pipelines.settings import read_settings
 from pipelines.site import Site
@@ -84,7 +83,9 @@ try:
     FABRIC = fabric.Fabric(CONTEXT, render=RENDER.step)  # rings with a data plane to check
     BENCH = bench.Bench(CONTEXT, live=DEPLOY.live, fabric_refusal=FABRIC.refusal)
 except PipelineError as err:
-    sys.exit(f"error: {err}")
+    # Before any task: one line and the error's code (2 for a bad profile or setting, README's
+    # "Exit codes"); SystemExit passes through doit's loader untouched.
+    exit_with(err)
 
 DOIT_CONFIG = {"default_tasks": ["build"], "dep_file": str(CONTEXT.settings.store / "doit.sqlite3")}
 

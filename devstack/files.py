@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
-from devstack.settings import Endpoints, StackError, resolve_dir
+from devstack.settings import Endpoints, StackDown, StackError, resolve_dir
 
 CREDENTIALS_FILE = "s3-credentials.json"
 ENDPOINTS_FILE = "endpoints.json"
@@ -54,7 +54,7 @@ def s3_credentials(stack_dir: Path | str | None = None) -> dict[str, str]:
     try:
         keys = json.loads(path.read_text())
     except FileNotFoundError:
-        raise StackError(f"{path}: missing; run `scripts/stack up` first") from None
+        raise StackDown(f"{path}: missing; run `scripts/stack up` first") from None
     except ValueError:
         raise StackError(f"{path}: not valid JSON; delete it and run `scripts/stack up`") from None
     for field in CREDENTIAL_FIELDS:
@@ -81,9 +81,9 @@ def read_endpoints(stack_dir: Path | str | None = None) -> Endpoints:
             ssh_known_hosts=raw.get("ssh_known_hosts", ""),
         )
     except FileNotFoundError:
-        raise StackError(f"{path}: missing; run `scripts/stack up` first") from None
+        raise StackDown(f"{path}: missing; run `scripts/stack up` first") from None
     except (ValueError, KeyError, TypeError) as error:
-        raise StackError(f"{path}: unreadable ({error!r}); run `scripts/stack up`") from None
+        raise StackDown(f"{path}: unreadable ({error!r}); run `scripts/stack up`") from None
 
 
 def recorded_endpoints(directory: Path) -> Endpoints | None:

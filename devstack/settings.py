@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.errors import PipelineError
+from pipelines.errors import PipelineError, Unreachable
 
 STACK_DIR_ENV = "SPARKFORGE_STACK_DIR"
 S3_PORT_ENV = "SPARKFORGE_S3_PORT"
@@ -29,6 +29,10 @@ RING_SERVICES = ("docker-b", "sshd")
 
 class StackError(PipelineError):
     """A stack service could not be started, reached or stopped (one line, never a secret)."""
+
+
+class StackDown(StackError, Unreachable):
+    """The stack is not up: no endpoints.json for a task that needs its services."""
 
 
 @dataclass(frozen=True)

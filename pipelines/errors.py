@@ -1,5 +1,58 @@
-"""The one exception type the pipeline reports as a single line."""
+"""The pipeline's errors, each one line with an exit code CI can act on, and the one wrapper that
+every `python -m` entry point runs under.
+
+Exit codes (README, "Exit codes"): 1 a step failed, 2 bad input or configuration, 3 a service
+unreachable or nothing to measure, 4 a gate found a regression, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
 
 
 class PipelineError(Exception):
     """A failure with one line a person can act on (file, field, what was expected)."""
+
+    exit_code = 1  # a step failed
+
+
+class BadInput(PipelineError):
+    """A profile, lock, manifest, option or credential that is malformed: fix it, not retry."""
+
+    exit_code = 2
+
+
+class Unreachable(PipelineError):
+    """A service that does not answer, or nothing there to measure: the world, not the input."""
+
+    exit_code = 3
+
+
+class Regression(PipelineError):
+    """A gate measured and found a metric worse than its baseline allows."""
+
+    exit_code = 4
+
+
+def exit_with(err: PipelineError) -> NoReturn:
+    """Print the error's `error:` line on stderr and exit with its code."""
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(err.exit_code)
+
+
+def run_main(main: Callable[[], int | None]) -> NoReturn:
+    """Exit with main's own status, or print one `error:` line and exit with the error's code."""
+    try:
+        status = main()
+    except PipelineError as err:
+        exit_with(err)
+    except OSError as err:  # the disk's own, as the engine reports it in a step
+        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(INTERRUPTED)
+    sys.exit(status or 0)

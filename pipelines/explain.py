@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from doit.cmd_base import DoitCmdBase
 from doit.exceptions import InvalidCommand
 
+from pipelines.errors import PipelineError
 from pipelines.steps import GRAPH, Engine, Step
 
 
@@ -97,6 +99,11 @@ class Explain(DoitCmdBase):
                 known = ", ".join(sorted(GRAPH)) or "none"
                 raise InvalidCommand(f"{name!r} is not a keyed step (keyed steps: {known})")
             engine, step = GRAPH[name]
-            for line in explain_step(engine, step):
+            try:
+                lines = explain_step(engine, step)
+            except PipelineError as err:  # a service it asks is down: one line, as a step says
+                sys.stderr.write(f"error: {err}\n")
+                return err.exit_code
+            for line in lines:
                 self.outstream.write(line + "\n")
         return 0

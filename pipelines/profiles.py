@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from msgspec import Meta, field
 
-from pipelines.errors import PipelineError
+from pipelines.errors import BadInput
 from pipelines.paths import PROFILES_DIR
 from pipelines.schema import Strict, load_yaml_model
 
@@ -18,7 +18,7 @@ Octet = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 IPv4 = Annotated[str, Meta(pattern=rf"^({Octet}\.){{3}}{Octet}$")]
 
 
-class ProfileError(PipelineError):
+class ProfileError(BadInput):
     """A profile that cannot be used, said in one line naming file and field."""
 
 

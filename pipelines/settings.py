@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.errors import PipelineError
+from pipelines.errors import BadInput
 from pipelines.paths import DEFAULT_STORE, PROFILES_DIR
 
 STORE_ENV = "SPARKFORGE_STORE"
@@ -60,7 +60,7 @@ def positive(environ: Mapping[str, str], name: str) -> float | None:
     except ValueError:
         parsed = 0
     if parsed <= 0:
-        raise PipelineError(f"environment {name}={value!r}: expected a positive number")
+        raise BadInput(f"environment {name}={value!r}: expected a positive number")
     return parsed
 
 
@@ -73,7 +73,7 @@ def registry_namespace(environ: Mapping[str, str]) -> str | None:
     """SPARKFORGE_REGISTRY_NAMESPACE, checked as a registry path; None when unset."""
     value = environ.get("SPARKFORGE_REGISTRY_NAMESPACE")
     if value and not re.fullmatch(r"[a-z0-9._-]+(/[a-z0-9._-]+)*", value):
-        raise PipelineError(
+        raise BadInput(
             f"environment SPARKFORGE_REGISTRY_NAMESPACE={value!r}: expected lowercase path"
             " components [a-z0-9._-] separated by '/'"
         )
@@ -84,9 +84,7 @@ def kube_dry_run(environ: Mapping[str, str]) -> bool:
     """SPARKFORGE_KUBE_DRY_RUN: 'server' (kubectl's --dry-run=server) or unset."""
     value = environ.get("SPARKFORGE_KUBE_DRY_RUN", "")
     if value not in ("", "server"):
-        raise PipelineError(
-            f"environment SPARKFORGE_KUBE_DRY_RUN={value!r}: expected 'server' or unset"
-        )
+        raise BadInput(f"environment SPARKFORGE_KUBE_DRY_RUN={value!r}: expected 'server' or unset")
     return value == "server"
 
 
@@ -125,7 +123,7 @@ def remote_cache_url(environ: Mapping[str, str]) -> str | None:
     """SPARKFORGE_REMOTE_CACHE, s3://BUCKET/PREFIX, or None."""
     value = environ.get("SPARKFORGE_REMOTE_CACHE", "")
     if value and not re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]+/[^\s]*[^/\s][^\s]*", value):
-        raise PipelineError(
+        raise BadInput(
             f"environment SPARKFORGE_REMOTE_CACHE={value!r}: expected s3://BUCKET/PREFIX"
         )
     return value or None
@@ -135,7 +133,7 @@ def flag(environ: Mapping[str, str], name: str) -> bool:
     """A 0/1 switch from the environment (unset: off)."""
     value = environ.get(name, "")
     if value not in ("", "0", "1"):
-        raise PipelineError(f"environment {name}={value!r}: expected 1 or 0")
+        raise BadInput(f"environment {name}={value!r}: expected 1 or 0")
     return value == "1"
 
 
@@ -143,5 +141,5 @@ def bench_url(environ: Mapping[str, str]) -> str:
     """SPARKFORGE_BENCH_URL, an http(s) URL, or empty."""
     value = environ.get("SPARKFORGE_BENCH_URL", "")
     if value and not re.fullmatch(r"https?://\S+", value):
-        raise PipelineError(f"environment SPARKFORGE_BENCH_URL={value!r}: expected http(s)://...")
+        raise BadInput(f"environment SPARKFORGE_BENCH_URL={value!r}: expected http(s)://...")
     return value

@@ -267,6 +267,15 @@ class Engine:
         return failed or {"key": self.key(step)}
 
 
+class StepFailed(TaskFailed):
+    """doit's failed task, carrying the exit code of the error that failed it (read by the
+    `run` command in pipelines/run_command.py; pickled whole to doit's parent process)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 def as_doit_action(work: Callable[[], Any]) -> Callable[[], Any]:
     """A doit action that reports a failure as one line and a failed task (no traceback).
 
@@ -277,9 +286,9 @@ def as_doit_action(work: Callable[[], Any]) -> Callable[[], Any]:
         try:
             work()
         except PipelineError as err:
-            return TaskFailed(str(err))
+            return StepFailed(str(err), err.exit_code)
         except OSError as err:
-            return TaskFailed(f"{type(err).__name__}: {err}")
+            return StepFailed(f"{type(err).__name__}: {err}", PipelineError.exit_code)
 
     return action
 

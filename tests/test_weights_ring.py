@@ -616,7 +616,7 @@ def test_a_member_whose_disk_refuses_a_peer_file_fails_it_without_blaming_the_pe
                 os.killpg(members[rank].pid, signal.SIGKILL)
             members[rank].wait()
     text = logs[2].read_text()
-    assert f"stage_ring: {peer_file.name}: writing {part}: No space left on device" in text
+    assert f"error: {peer_file.name}: writing {part}: No space left on device" in text
     assert "refused" not in text  # the peers served it right: none is refused for it
     assert not status(roots[2]).get("complete")
 
@@ -637,7 +637,7 @@ def test_a_member_s3_refuses_stops_at_once_in_one_line_not_after_peer_wait(ring)
     failures = [
         line for line in logs[0].read_text().splitlines() if "SignatureDoesNotMatch" in line
     ]
-    assert len(failures) == 1 and failures[0].startswith("stage_ring: S3 endpoint http://")
+    assert len(failures) == 1 and failures[0].startswith("error: S3 endpoint http://")
     assert wrong["AWS_SECRET_ACCESS_KEY"] not in logs[0].read_text()
 
 

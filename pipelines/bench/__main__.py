@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from pipelines.bench.load import CellSpec, run_cell
 from pipelines.bench.probes import run_probes
 from pipelines.bench.run import cell_line, sweep_body
+from pipelines.errors import run_main
 from pipelines.files import write_atomic
 
 
@@ -56,4 +56,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -22,23 +22,46 @@ def metric_value(results: dict[str, Any], metric: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+def entry_failure(results: dict[str, Any], entry: Any) -> str | None:
+    """The gate's line for one baseline metric (not measured, or regressed); None when it holds."""
+    measured = metric_value(results, entry.metric)
+    if measured is None:
+        return f"{entry.metric}: not measured (baseline {entry.value:g})"
+    change = (measured - entry.value) / entry.value
+    worse = -change if entry.better == "higher" else change
+    if worse <= entry.tolerance:
+        return None
+    direction = "lower" if entry.better == "higher" else "higher"
+    return (
+        f"{entry.metric}: {measured:.4g} against baseline {entry.value:g}"
+        f" ({change:+.1%}; tolerance {entry.tolerance:.0%} {direction})"
+    )
+
+
 def check_baseline(results: dict[str, Any], baseline: list[Any]) -> list[str]:
     """One line per regression (metric, measured, baseline, by how much); empty when it passes."""
-    failures = []
-    for entry in baseline:
-        measured = metric_value(results, entry.metric)
-        if measured is None:
-            failures.append(f"{entry.metric}: not measured (baseline {entry.value:g})")
-            continue
-        change = (measured - entry.value) / entry.value
-        worse = -change if entry.better == "higher" else change
-        if worse > entry.tolerance:
-            direction = "lower" if entry.better == "higher" else "higher"
-            failures.append(
-                f"{entry.metric}: {measured:.4g} against baseline {entry.value:g}"
-                f" ({change:+.1%}; tolerance {entry.tolerance:.0%} {direction})"
-            )
-    return failures
+    return [line for entry in baseline if (line := entry_failure(results, entry))]
+
+
+def regressed(results: dict[str, Any], baseline: list[Any]) -> bool:
+    """True when a metric the run measured is worse than its baseline's tolerance allows."""
+    return any(
+        metric_value(results, entry.metric) is not None and entry_failure(results, entry)
+        for entry in baseline
+    )
+
+
+def measured_all(results: dict[str, Any], baseline: list[Any]) -> bool:
+    """True when the server answered, every cell ran whole and every gated metric has a value:
+    only then is the gate a verdict on the deployment rather than on the measurement."""
+    probes = results.get("probes") or []
+    cells = list(results.get("decode", [])) + [c for c in [results.get("saturation")] if c]
+    return (
+        bool(probes)
+        and probes[0]["passed"]  # the models probe: the server answers and serves the model
+        and not any(c.get("refused") or (c.get("summary") or {}).get("failed") for c in cells)
+        and all(metric_value(results, entry.metric) is not None for entry in baseline)
+    )
 
 
 def gate_rows(results: dict[str, Any], baseline: list[Any]) -> list[dict[str, Any]]:

@@ -8,13 +8,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.errors import PipelineError
+from pipelines.bench.gate import measured_all, regressed
+from pipelines.errors import BadInput, PipelineError, Regression, Unreachable
 from pipelines.stage import Context
 from pipelines.steps import side_task
 
 
 class BenchError(PipelineError):
     """A benchmark that could not start, or whose run failed its expectations."""
+
+
+class NotMeasured(BenchError, Unreachable):
+    """Nothing to measure (no deployment, the fabric check refused, the server does not answer),
+    or a run that could not measure everything the gate compares."""
+
+
+class BenchRegression(BenchError, Regression):
+    """Everything measured, and the gate found a metric worse than its baseline allows."""
+
+
+def failure_of(results: dict[str, Any], baseline: list[Any]) -> type[BenchError]:
+    """What a failed run says to CI: measured nothing sure (3), a regression (4), else 1."""
+    if not measured_all(results, baseline):
+        return NotMeasured
+    return BenchRegression if regressed(results, baseline) else BenchError
 
 
 @dataclass(frozen=True)
@@ -66,7 +83,7 @@ class Bench:
         """The URL to measure: the environment's, the profile's, else the deployment's."""
         url = self.settings.endpoint or self.profile.bench.endpoint or deployed.get("endpoint")
         if not url:
-            raise BenchError(
+            raise BadInput(
                 f"profile {self.profile.name}: no endpoint to measure; set bench.endpoint in the"
                 " profile or SPARKFORGE_BENCH_URL"
             )
@@ -79,12 +96,12 @@ class Bench:
 
         deployed = self.settings.deployment()
         if deployed is None:
-            raise BenchError(
+            raise NotMeasured(
                 f"profile {self.profile.name}: nothing deployed; run `doit deploy"
                 f" profile={self.profile.name}` first"
             )
         if self.settings.fabric_refusal and (why := self.settings.fabric_refusal()):
-            raise BenchError(f"bench refused: {why}")
+            raise NotMeasured(f"bench refused: {why}")
         url = self.endpoint(deployed)
         max_len = self.max_model_len()
         results = run_bench(
@@ -102,7 +119,8 @@ class Bench:
         say(f"results {data}")
         if results["failures"]:
             lines = "\n".join(f"  {f}" for f in results["failures"])
-            raise BenchError(f"bench {self.profile.name} failed (report {report}):\n{lines}")
+            failure = failure_of(results, self.profile.bench.baseline)
+            raise failure(f"bench {self.profile.name} failed (report {report}):\n{lines}")
         say(f"passed the gate ({len(results['gate'])} metrics)")
         say(f"report {report}")
         return report

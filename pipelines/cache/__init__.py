@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pipelines.cache.remote import RemoteCache
 from pipelines.cache.signing import TRUSTED_ENV, public_text, signing_key, trusted_keys
-from pipelines.errors import PipelineError
+from pipelines.errors import BadInput
 
 __all__ = ["RemoteCache", "remote_cache"]
 
@@ -21,7 +21,7 @@ def remote_cache(
         own = signer.public_key()
         keys.setdefault(public_text(own), own)
     if not keys:
-        raise PipelineError(
+        raise BadInput(
             f"environment SPARKFORGE_REMOTE_CACHE={url!r}: no key is trusted; set {TRUSTED_ENV}"
             " (comma-separated ed25519 public keys, base64)"
         )

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from pipelines.cache.signing import keygen
-from pipelines.errors import PipelineError
+from pipelines.errors import run_main
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,11 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = commands.add_parser("keygen", help="make an ed25519 key pair for signing cache entries")
     gen.add_argument("file", type=Path, help="where the private key goes (must not exist)")
     args = parser.parse_args(argv)
-    try:
-        public = keygen(args.file)
-    except PipelineError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    public = keygen(args.file)
     print(public)
     print(
         f"private key: {args.file} (mode 600): its contents are SPARKFORGE_CACHE_SIGNING_KEY;"
@@ -32,4 +28,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -19,8 +19,9 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from pipelines import errors
 from pipelines.cache.entries import EntryFile, Refused, check_entry, make_entry, output_files
-from pipelines.errors import PipelineError
+from pipelines.errors import BadInput, PipelineError
 from pipelines.s3options import S3_CLIENT_OPTIONS
 
 CHUNK = 1 << 20
@@ -32,13 +33,11 @@ def parse_url(url: str) -> tuple[str, str]:
     """(bucket, prefix) of s3://BUCKET/PREFIX."""
     bucket, _, prefix = url.removeprefix("s3://").partition("/")
     if not url.startswith("s3://") or not bucket or not prefix.strip("/"):
-        raise PipelineError(
-            f"environment SPARKFORGE_REMOTE_CACHE={url!r}: expected s3://BUCKET/PREFIX"
-        )
+        raise BadInput(f"environment SPARKFORGE_REMOTE_CACHE={url!r}: expected s3://BUCKET/PREFIX")
     return bucket, prefix.strip("/")
 
 
-class Unreachable(PipelineError):
+class Unreachable(errors.Unreachable):
     """The cache cannot be reached at all (no endpoint, no credentials): not asked again."""
 
 

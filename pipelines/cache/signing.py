@@ -11,7 +11,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from pipelines.errors import PipelineError
+from pipelines.errors import BadInput
 
 # Domain separation: an index signature can never be taken for a signature of anything else.
 CONTEXT = b"sparkforge-remote-cache-index-v1\0"
@@ -35,9 +35,9 @@ def signing_key(text: str) -> Ed25519PrivateKey:
         else:
             key = Ed25519PrivateKey.from_private_bytes(base64.b64decode(text, validate=True))
     except (ValueError, TypeError, binascii.Error):
-        raise PipelineError(expected) from None
+        raise BadInput(expected) from None
     if not isinstance(key, Ed25519PrivateKey):
-        raise PipelineError(expected)
+        raise BadInput(expected)
     return key
 
 
@@ -47,7 +47,7 @@ def public_key(text: str, where: str = TRUSTED_ENV) -> Ed25519PublicKey:
         raw = base64.b64decode(text.strip(), validate=True)
         return Ed25519PublicKey.from_public_bytes(raw)
     except (ValueError, binascii.Error):
-        raise PipelineError(
+        raise BadInput(
             f"{where}: {text.strip()!r} is not an ed25519 public key (base64 of 32 raw bytes)"
         ) from None
 
@@ -91,7 +91,7 @@ def keygen(private_file: Path) -> str:
     try:
         fd = os.open(private_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        raise PipelineError(f"{private_file}: exists; not overwriting a key") from None
+        raise BadInput(f"{private_file}: exists; not overwriting a key") from None
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
         f.flush()

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.deploy import preflight
-from pipelines.deploy.health import DeployError, wait_until_serving
+from pipelines.deploy.health import DeployError, DeployUnreachable, wait_until_serving
 from pipelines.deploy.plan import Deployment, Member, one_image, read_documents
 from pipelines.deploy.preflight import member_needs
 from pipelines.deploy.ssh import Tunnel
@@ -116,7 +116,7 @@ class DockerHosts:
                 client = docker.DockerClient(base_url=url)
                 client.ping()
             except docker.errors.DockerException as err:
-                raise DeployError(
+                raise DeployUnreachable(
                     f"member {member.node}: Docker engine {member.docker} unreachable"
                     f" ({type(err).__name__}); expected a running engine at that URL"
                 ) from None

@@ -5,13 +5,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from pipelines.errors import PipelineError
+from pipelines.errors import PipelineError, Unreachable
 
 # requests is imported by the functions that call a member: `doit list` loads this module.
 
 
 class DeployError(PipelineError):
     """A deployment that did not come up, or a world that would not let it."""
+
+
+class DeployUnreachable(DeployError, Unreachable):
+    """A member's Docker engine or the Kubernetes API server that does not answer at all."""
 
 
 def serves(base_url: str, served_name: str) -> str | None:

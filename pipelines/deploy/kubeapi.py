@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pipelines.deploy.health import DeployError
+from pipelines.deploy.health import DeployError, DeployUnreachable
 
 FIELD_MANAGER = "sparkforge"
 APPLY = "application/apply-patch+yaml"
@@ -114,7 +114,7 @@ class KubeApi:
         except ApiException as err:
             raise Refused(self._refusal(err, method, path), err.status) from None
         except HTTPError as err:
-            raise DeployError(
+            raise DeployUnreachable(
                 f"kubernetes API {self.url} unreachable ({type(err).__name__}) on {method} {path};"
                 f" expected an API server there ({self.source})"
             ) from None

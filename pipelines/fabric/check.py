@@ -1,13 +1,13 @@
 """Check saved NCCL logs by hand: `python -m pipelines.fabric.check LOG... [--profile NAME]
-[--expect P2P>=200]`; prints one line per failed expectation, exits 1 when any failed."""
+[--expect P2P>=200]`; prints one line per failed expectation, exits 1 when any failed, 2 when
+the logs, the profile or the expectation cannot be read."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from pipelines.errors import PipelineError
+from pipelines.errors import BadInput, run_main
 from pipelines.fabric.expect import expectations_for, failures, parse_expectation
 from pipelines.fabric.nccllog import NcclLog, add_log
 from pipelines.profiles import load_profile
@@ -20,20 +20,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", help="check against this ring profile's expectations")
     parser.add_argument("--expect", help="TRANSPORT[>=GBPS][:HCA,...], e.g. P2P>=200")
     args = parser.parse_args(argv)
-    try:
-        if bool(args.profile) == bool(args.expect):
-            parser.error("give exactly one of --profile and --expect")
-        expect = (
-            parse_expectation(args.expect)
-            if args.expect
-            else expectations_for(load_profile(args.profile))
-        )
-        log = NcclLog()
-        for path in args.logs:
+    if bool(args.profile) == bool(args.expect):
+        parser.error("give exactly one of --profile and --expect")
+    if args.expect:
+        expect = parse_expectation(args.expect)
+    else:
+        expect = expectations_for(load_profile(args.profile))
+    log = NcclLog()
+    for path in args.logs:
+        try:
             add_log(log, path.read_text(errors="replace"))
-    except (PipelineError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        except OSError as err:  # a log named on the command line: the input, not the disk
+            raise BadInput(str(err)) from None
     largest = log.largest
     measured = f"{largest.busbw:.2f} GB/s at {largest.size} bytes" if largest else "no busbw"
     transports = ", ".join(sorted(log.transports)) or "no channels"
@@ -46,4 +44,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pipelines.errors import PipelineError
+from pipelines.errors import BadInput, PipelineError
 from pipelines.fabric.nccllog import NcclLog
 from pipelines.profiles import Profile
 
@@ -23,6 +23,10 @@ class FabricError(PipelineError):
     """A fabric check that cannot run or be read, in one line."""
 
 
+class ExpectationError(FabricError, BadInput):
+    """An expectation that cannot be read, or a profile that gives none."""
+
+
 @dataclass(frozen=True)
 class Expectations:
     """The transport every channel must use, the busbw floor at the largest size, the HCAs."""
@@ -36,7 +40,7 @@ def expectations_for(profile: Profile) -> Expectations:
     """A ring profile's expectations: NET/IB on every channel, its floor, its fabric.ib_hca."""
     fabric = profile.fabric
     if fabric is None:
-        raise FabricError(
+        raise ExpectationError(
             f"profile {profile.name}: field 'fabric': required for a fabric check (a ring's"
             " RoCE data plane)"
         )
@@ -51,7 +55,7 @@ def parse_expectation(text: str) -> Expectations:
     """`P2P>=200` or `NET/IB>=20.9:rocep1s0f0,rocep1s0f1`: an expectation given by hand."""
     m = re.fullmatch(r"(?P<t>[A-Za-z0-9/]+)(?:>=(?P<bw>[\d.]+))?(?::(?P<hcas>[\w,.-]+))?", text)
     if not m or m["t"] not in TRANSPORTS:
-        raise FabricError(
+        raise ExpectationError(
             f"expectation {text!r}: expected TRANSPORT[>=GBPS][:HCA,...] with TRANSPORT one of"
             f" {', '.join(TRANSPORTS)}"
         )

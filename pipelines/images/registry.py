@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines.images.oci import MANIFEST_TYPE, Image, load_image_index
-from pipelines.images.spec import ImageError
+from pipelines.images.spec import ImageBadInput, ImageError, ImageUnreachable
 
 if TYPE_CHECKING:
     import urllib3
@@ -63,7 +63,7 @@ class Registry:
                     r = self._send(method, url, body, {**headers, **auth})
             except urllib3.exceptions.HTTPError as err:
                 reason = type(err).__name__
-                raise ImageError(
+                raise ImageUnreachable(
                     f"registry {self.host} unreachable ({method} {url}: {reason})"
                 ) from None
             if r.status != 401 or attempt:
@@ -225,7 +225,7 @@ def registry_credentials(host: str) -> Credentials | None:
         config = docker.auth.load_config(str(docker_config_path()))
         found: dict[str, Any] | None = config.resolve_authconfig(host)
     except docker.errors.DockerException as err:
-        raise ImageError(f"{docker_config_path()}: credentials for {host}: {err}") from None
+        raise ImageBadInput(f"{docker_config_path()}: credentials for {host}: {err}") from None
     if not found:
         return None
     entry = {k.lower(): v for k, v in found.items()}

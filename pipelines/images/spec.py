@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from msgspec import Meta, field
 
-from pipelines.errors import PipelineError
+from pipelines.errors import BadInput, PipelineError, Unreachable
 from pipelines.paths import IMAGES_DIR, REPO_ROOT
 from pipelines.schema import Strict, load_yaml_model
 
@@ -19,6 +19,14 @@ Commit = Annotated[str, Meta(pattern=r"^[0-9a-f]{7,40}$")]
 
 class ImageError(PipelineError):
     """An image that cannot be planned, built or pushed."""
+
+
+class ImageUnreachable(ImageError, Unreachable):
+    """A registry or Docker engine that does not answer at all."""
+
+
+class ImageBadInput(ImageError, BadInput):
+    """An image digest or registry credentials given in a form that cannot be used."""
 
 
 class LocalBase(Strict, kw_only=True):

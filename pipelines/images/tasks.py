@@ -15,7 +15,7 @@ import msgspec
 from pipelines.errors import PipelineError
 from pipelines.images.inputs import base_repository, image_repository
 from pipelines.images.registry import Registry, RegistryCache
-from pipelines.images.spec import ImageDir, load_image
+from pipelines.images.spec import ImageBadInput, ImageDir, ImageUnreachable, load_image
 from pipelines.stage import Context
 from pipelines.steps import Step, StepRun, side_task
 
@@ -219,7 +219,7 @@ class Images:
         try:
             return docker.DockerClient(base_url=docker_host)
         except docker.errors.DockerException as err:
-            raise PipelineError(f"Docker engine {docker_host}: {err}") from None
+            raise ImageUnreachable(f"Docker engine {docker_host}: {err}") from None
 
     def image_ref(self, digest: str = "") -> str:
         """The image pinned by digest: the one given, or the registry's for the current key."""
@@ -227,7 +227,7 @@ class Images:
         repo = f"{self.registry.host}/{repository}"
         if digest:
             if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
-                raise PipelineError(f"{self.digest_var}={digest!r}: expected sha256:<64 hex>")
+                raise ImageBadInput(f"{self.digest_var}={digest!r}: expected sha256:<64 hex>")
             return f"{repo}@{digest}"
         key = self.engine.key(self.image_step)
         found = self.registry.manifest_digest(repository, RegistryCache.key_tag(key))

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from pipelines.errors import PipelineError
+from pipelines.errors import BadInput, run_main
 from pipelines.paths import LLMKUBE_SCHEMAS_DIR
 from pipelines.render.crd_schema import check_crd_schema
 from pipelines.render.documents import Document
@@ -54,7 +54,7 @@ SAMPLE_KINDS = ("Model", "InferenceService")
 LLMKUBE_API = "inference.llmkube.dev/"
 
 
-class DeriveError(PipelineError):
+class DeriveError(BadInput):
     """A CRD the deriver cannot turn into a schema without losing a fact."""
 
 
@@ -252,24 +252,19 @@ def main(argv: list[str] | None = None) -> int:
     cmd.add_argument("--operator", type=Path, required=True, help="the operator's git directory")
     cmd.add_argument("--schemas", type=Path, default=LLMKUBE_SCHEMAS_DIR)
     args = parser.parse_args(argv)
-    try:
-        if args.command == "check":
-            findings, problems = check(args.operator, args.schemas)
-        else:
-            record = derive(args.repo, args.commit, args.out)
-    except PipelineError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    # A folder that is not the operator's repository, or lacks the commit: DeriveError, exit 2.
     if args.command == "check":
+        findings, problems = check(args.operator, args.schemas)
         for line in findings:
             print(line)
         for line in problems:
             print(f"error: {line}", file=sys.stderr)
         return 1 if problems else 0
+    record = derive(args.repo, args.commit, args.out)
     for f in record["files"]:
         print(f"{args.out / f['derived']}: {f['path']} @ {record['commit'][:8]} ({f['sha256']})")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

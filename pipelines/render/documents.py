@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from pipelines.errors import PipelineError
+from pipelines.errors import BadInput
 from pipelines.paths import MANIFESTS_DIR
 from pipelines.weights import Lock
 
@@ -30,7 +30,7 @@ class RenderInputs:
     ring_plan: str = ""  # rings with a complete lock: the staging plan (JSON); "": no staging
 
 
-class RenderError(PipelineError):
+class RenderError(BadInput):
     """A profile that renders into something that must not reach a cluster."""
 
 

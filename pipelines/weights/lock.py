@@ -9,7 +9,7 @@ from typing import Annotated
 import yaml
 from msgspec import Meta
 
-from pipelines.errors import PipelineError
+from pipelines.errors import BadInput
 from pipelines.files import write_atomic
 from pipelines.paths import LOCKS_DIR
 from pipelines.schema import Strict, as_data, load_yaml_model
@@ -18,7 +18,7 @@ Sha256 = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")]
 FileName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]+$")]
 
 
-class LockError(PipelineError):
+class LockError(BadInput):
     """A lock that cannot be used."""
 
 

@@ -10,20 +10,31 @@ import copy
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 try:
-    from pipelines.errors import PipelineError
-except ImportError:  # running alone inside a Job
-    PipelineError = Exception
+    from pipelines.errors import BadInput, run_main
+except ImportError:  # running alone inside a Job: the same line and exit code, by hand
+    BadInput = Exception
+
+    def run_main(main: Callable[[], int]) -> NoReturn:
+        """Exit with main's status, or one `error:` line and 2 for a config it refuses."""
+        try:
+            status = main()
+        except PatchError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        sys.exit(status)
+
 
 ORIGINAL = {"num_attention_heads": 64, "o_groups": 8}
 PADDED = {"num_attention_heads": 72, "o_groups": 9}
 ORIG_SUFFIX = ".orig-hf"
 
 
-class PatchError(PipelineError):
+class PatchError(BadInput):
     """A config the TP3 patch must not touch."""
 
 
@@ -119,15 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m pipelines.weights.patch MODEL_FOLDER", file=sys.stderr)
         return 2
-    try:
-        changed = patch_tp3_folder(Path(args[0]))
-    except PipelineError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    changed = patch_tp3_folder(Path(args[0]))
     state = "padded to 72 heads / 9 o_groups" if changed else "already padded"
     print(f"{args[0]}/config.json: {state}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

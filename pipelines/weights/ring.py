@@ -29,7 +29,7 @@ from typing import TextIO
 
 import urllib3
 
-from pipelines.errors import PipelineError
+from pipelines.errors import BadInput, PipelineError, run_main
 from pipelines.progress import NoProgress, eta, human_bytes
 from pipelines.statcache import StatCache
 from pipelines.weights.blobs import BlobStore
@@ -472,7 +472,7 @@ def stage_model(folder: Path, plan: RingPlan, blobs: BlobStore) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The member's command line; one line and exit 1 on failure."""
+    """The member's command line (run_main prints a failure's one line and exits with its code)."""
     parser = argparse.ArgumentParser(prog="python -m pipelines.weights.ring", description=__doc__)
     parser.add_argument("--plan", type=Path, required=True, help="the ring plan (JSON)")
     parser.add_argument("--rank", type=int, required=True, help="this member's rank")
@@ -492,40 +492,33 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        try:
-            plan = load_plan(args.plan.read_text())
-        except (KeyError, TypeError, ValueError) as err:
-            raise PipelineError(
-                f"{args.plan}: not a plan written by `doit plan_weights` ({type(err).__name__}:"
-                f" {err})"
-            ) from None
-        if not 0 <= args.rank < len(plan.members):
-            raise PipelineError(
-                f"--rank {args.rank}: expected 0..{len(plan.members) - 1} ({args.plan})"
-            )
-        from pipelines.weights.s3 import s3_client
+        plan = load_plan(args.plan.read_text())
+    except (KeyError, TypeError, ValueError) as err:
+        raise BadInput(
+            f"{args.plan}: not a plan written by `doit plan_weights` ({type(err).__name__}: {err})"
+        ) from None
+    if not 0 <= args.rank < len(plan.members):
+        raise BadInput(f"--rank {args.rank}: expected 0..{len(plan.members) - 1} ({args.plan})")
+    from pipelines.weights.s3 import s3_client
 
-        blobs = BlobStore(args.root, StatCache(args.statcache or args.root / "statcache.sqlite3"))
-        rate = args.max_mbps * 1e6 / 8 if args.max_mbps else None
-        options = FetchOptions(part_size=args.part_mib << 20, max_rate=rate)
-        with s3_errors(plan.source):
-            client = s3_client()
-            member = Member(
-                plan,
-                args.rank,
-                blobs,
-                client,
-                options,
-                args.peer_wait_s or plan.peer_wait_s,
-                interval=args.interval,
-            )
-            report = member.run()
-        if args.stage_into:
-            stage_model(args.stage_into, plan, blobs)
-            member.say(f"staged {args.stage_into} ({len(plan.files)} files)")
-    except (PipelineError, OSError) as err:
-        print(f"stage_ring: {err}", file=sys.stderr)
-        return 1
+    blobs = BlobStore(args.root, StatCache(args.statcache or args.root / "statcache.sqlite3"))
+    rate = args.max_mbps * 1e6 / 8 if args.max_mbps else None
+    options = FetchOptions(part_size=args.part_mib << 20, max_rate=rate)
+    with s3_errors(plan.source):
+        client = s3_client()
+        member = Member(
+            plan,
+            args.rank,
+            blobs,
+            client,
+            options,
+            args.peer_wait_s or plan.peer_wait_s,
+            interval=args.interval,
+        )
+        report = member.run()
+    if args.stage_into:
+        stage_model(args.stage_into, plan, blobs)
+        member.say(f"staged {args.stage_into} ({len(plan.files)} files)")
     member.say(
         f"done: {report.verified} files verified, {human_bytes(report.from_s3)} from S3,"
         f" {human_bytes(report.from_peers)} from peers"
@@ -535,4 +528,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(main())
+    run_main(main)

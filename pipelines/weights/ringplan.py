@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from pipelines.errors import PipelineError
+from pipelines.errors import BadInput
 
 S3 = -1  # the source index of the bucket in a route
 
@@ -109,7 +109,7 @@ def assign_owners(files: Sequence[tuple[str, int]], members: int) -> dict[str, i
     return owners
 
 
-class RingPlanError(PipelineError):
+class RingPlanError(BadInput):
     """The members cannot each serve their blobs where their peers reach them."""
 
 

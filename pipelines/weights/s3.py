@@ -10,7 +10,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from pipelines.errors import PipelineError
+from pipelines.errors import BadInput, PipelineError, Unreachable
 from pipelines.s3options import S3_CLIENT_OPTIONS
 
 CLIENT_CONFIG = {**S3_CLIENT_OPTIONS, "read_timeout": 120}
@@ -27,7 +27,7 @@ class S3Url:
     def parse(cls, url: str) -> S3Url:
         """Split s3://bucket/prefix (the prefix without a trailing slash)."""
         if not url.startswith("s3://") or "/" not in url[5:]:
-            raise PipelineError(f"{url!r}: expected s3://BUCKET/PREFIX")
+            raise BadInput(f"{url!r}: expected s3://BUCKET/PREFIX")
         bucket, _, prefix = url[5:].partition("/")
         return cls(bucket, prefix.rstrip("/"))
 
@@ -40,7 +40,7 @@ def s3_client(pool: int = 32):
     """A boto3 S3 client from the standard chain (env, AWS_PROFILE, config files)."""
     session = boto3.session.Session()
     if session.get_credentials() is None:
-        raise PipelineError(
+        raise BadInput(
             "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
             " (for the local profile, `scripts/stack up` provides them)"
         )
@@ -64,4 +64,5 @@ def s3_errors(what: str) -> Iterator[None]:
     try:
         yield
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
-        raise PipelineError(describe_s3_error(err, what)) from None
+        down = isinstance(err, botocore.exceptions.EndpointConnectionError)
+        raise (Unreachable if down else PipelineError)(describe_s3_error(err, what)) from None
