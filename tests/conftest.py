@@ -74,11 +74,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SkipPolicy(local_stack.REPO_ROOT), "sparkforge-skips")
 
 
+# Fixtures that start real services: the local stack, and the ring tests' three members
+# behind their own S3 in network namespaces (tests/test_weights_ring.py).
+SERVICE_FIXTURES = {"stack", "ring"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `stack` every test that reaches the stack fixture, however indirectly: the fast
-    lane is `pytest -m "not stack"`, which starts no service."""
+    """Mark `stack` every test that reaches a fixture starting services, however indirectly:
+    the fast lane is `pytest -m "not stack"`, which starts none."""
     for item in items:
-        if "stack" in getattr(item, "fixturenames", ()):
+        if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.stack)
 
 

@@ -14,6 +14,9 @@ import pytest
 from devstack.netns import LinkError, bits_per_second
 from devstack.ringnet import default_scratch, refused_here, ring_network
 
+# SeaweedFS in network namespaces: services, so not the fast lane (conftest.py).
+pytestmark = pytest.mark.stack
+
 MiB = 1 << 20
 OBJECT_BYTES = 20 * MiB
 UPLINK = "200mbit"
