@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -426,3 +427,31 @@ def test_rendered_launch_plan_sets_every_timing_field_the_server_reads() -> None
     assert float(env["SIM_DECODE_FALLOFF"]) == sim.decode_falloff
     assert int(env["SIM_TOKENS_PER_CHUNK"]) == sim.tokens_per_chunk
     assert env["SIM_EMPTY_CHUNKS"] == ("1" if sim.empty_chunks else "0")
+
+
+# --- deploy's health checks on the simulator (the HTTP calls the bench makes too) -----------
+
+
+def test_deploys_health_check_says_why_a_member_does_not_serve_yet(start, sim: Sim) -> None:
+    from pipelines.deploy.health import serves, smoke
+
+    assert serves(sim.url, "sim") is None
+    assert serves(sim.url, "other") == "/v1/models lists ['sim'], expected 'other'"
+    assert smoke(sim.url, "sim")
+    no_models = start(SIM_MISSING_ROUTES="/v1/models")
+    assert serves(no_models.url, "sim") == "/v1/models said HTTP 404"
+    no_health = start(SIM_MISSING_ROUTES="/health")
+    assert serves(no_health.url, "sim") == "/health said HTTP 404"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: refused
+        assert serves(dead, "sim") == "no answer (NewConnectionError)"
+
+
+def test_a_smoke_completion_without_text_fails_the_deploy_in_one_line(start) -> None:
+    from pipelines.deploy.health import DeployError, smoke
+
+    silent = start(SIM_MISSING_ROUTES="/v1/chat/completions")
+    with pytest.raises(DeployError) as err:
+        smoke(silent.url, "sim")
+    assert str(err.value) == f"{silent.url}: smoke completion gave no text (HTTP 404)"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from typing import Any
@@ -11,33 +10,10 @@ import urllib3
 
 from pipelines.bench.record import Event, RequestRecord
 from pipelines.bench.sse import DONE, EventBuffer, read_chunk
+from pipelines.httpjson import http_pool
 
 STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 JSON_HEADERS = {"Content-Type": "application/json"}
-
-
-@functools.cache
-def http_pool(connections: int = 64) -> urllib3.PoolManager:
-    """Kept-alive connections shared by every request of a run (no retries: a failure counts)."""
-    return urllib3.PoolManager(maxsize=connections, block=False, retries=False)
-
-
-def get_json(url: str, timeout: float = 30) -> tuple[int, Any]:
-    """GET a JSON document: (status, body or None)."""
-    r = http_pool().request("GET", url, timeout=timeout, preload_content=True)
-    try:
-        return r.status, json.loads(r.data)
-    except ValueError:
-        return r.status, None
-
-
-def post_json(url: str, body: dict[str, Any], timeout: float = 60) -> tuple[int, Any]:
-    """POST a JSON body and read a JSON answer: (status, body or None)."""
-    r = http_pool().request("POST", url, json=body, timeout=timeout, preload_content=True)
-    try:
-        return r.status, json.loads(r.data)
-    except ValueError:
-        return r.status, None
 
 
 def stream_chat(base_url: str, body: dict[str, Any], timeout: float) -> RequestRecord:

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pipelines.bench.client import post_json, stream_chat
+from pipelines.bench.client import stream_chat
+from pipelines.httpjson import post_json
 
 FILLER = (
     "The grass is green and the sky is blue; the sun is yellow and here we go again. "

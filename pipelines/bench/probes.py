@@ -9,7 +9,8 @@ from typing import Any
 
 import urllib3
 
-from pipelines.bench.client import get_json, stream_chat
+from pipelines.bench.client import stream_chat
+from pipelines.httpjson import get_json
 
 WEATHER_TOOL = {
     "type": "function",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import urllib3
 
-from pipelines.bench.client import http_pool
+from pipelines.httpjson import http_pool
 
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
 WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")

@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 from pipelines.errors import PipelineError, Unreachable
 
-# requests is imported by the functions that call a member: `doit list` loads this module.
+# The HTTP calls (pipelines/httpjson.py, the bench's too) are imported by the functions that
+# call a member: `doit list` loads this module.
 
 
 class DeployError(PipelineError):
@@ -20,18 +21,21 @@ class DeployUnreachable(DeployError, Unreachable):
 
 def serves(base_url: str, served_name: str) -> str | None:
     """None when the member serves the model; otherwise why not, in a few words."""
-    import requests
+    from pipelines.httpjson import HTTPError, get_json
 
     try:
-        health = requests.get(f"{base_url}/health", timeout=5)
-        if health.status_code != 200:
-            return f"/health said HTTP {health.status_code}"
-        models = requests.get(f"{base_url}/v1/models", timeout=5)
-        if models.status_code != 200:
-            return f"/v1/models said HTTP {models.status_code}"
-        names = [card.get("id") for card in models.json().get("data", [])]
-    except (requests.RequestException, ValueError) as err:
+        health, _ = get_json(f"{base_url}/health", timeout=5)
+        if health != 200:
+            return f"/health said HTTP {health}"
+        status, models = get_json(f"{base_url}/v1/models", timeout=5)
+    except HTTPError as err:
         return f"no answer ({type(err).__name__})"
+    if status != 200:
+        return f"/v1/models said HTTP {status}"
+    cards = models.get("data") if isinstance(models, dict) else None
+    if not isinstance(cards, list):
+        return "/v1/models gave no list of models"
+    names = [card.get("id") for card in cards if isinstance(card, dict)]
     if served_name not in names:
         return f"/v1/models lists {names}, expected {served_name!r}"
     return None
@@ -60,7 +64,7 @@ def wait_until_serving(
 
 def smoke(base_url: str, served_name: str) -> str:
     """One short chat completion; returns its text, DeployError when there is none."""
-    import requests
+    from pipelines.httpjson import HTTPError, post_json
 
     body = {
         "model": served_name,
@@ -69,10 +73,10 @@ def smoke(base_url: str, served_name: str) -> str:
         "temperature": 0,
     }
     try:
-        r = requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=60)
-        text = r.json()["choices"][0]["message"]["content"] if r.status_code == 200 else ""
-    except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as err:
+        status, answer = post_json(f"{base_url}/v1/chat/completions", body, timeout=60)
+        text = answer["choices"][0]["message"]["content"] if status == 200 else ""
+    except (HTTPError, KeyError, IndexError, TypeError) as err:
         raise DeployError(f"{base_url}: smoke completion failed ({type(err).__name__})") from None
-    if not text:
-        raise DeployError(f"{base_url}: smoke completion gave no text (HTTP {r.status_code})")
+    if not isinstance(text, str) or not text:
+        raise DeployError(f"{base_url}: smoke completion gave no text (HTTP {status})")
     return text

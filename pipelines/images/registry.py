@@ -73,7 +73,9 @@ class Registry:
 
     @staticmethod
     def _send(method, url, data, headers, **kwargs) -> urllib3.BaseHTTPResponse:
-        """One HTTP exchange on the shared connection pool (kept alive between calls)."""
+        """One HTTP exchange on the process's shared connection pool (kept alive between calls)."""
+        from pipelines.httpjson import http_pool  # urllib3 with the first call, not at import
+
         return http_pool().request(method, url, body=data, headers=headers, **kwargs)
 
     def _scope_of(self, url: str) -> str:
@@ -87,6 +89,8 @@ class Registry:
     def _login(self, challenge: str) -> dict[str, str]:
         """The Authorization header a WWW-Authenticate challenge asks for (Basic or Bearer)."""
         import urllib3
+
+        from pipelines.httpjson import http_pool
 
         creds = registry_credentials(self.host)
         if creds is None:
@@ -190,15 +194,6 @@ class Registry:
         if r.status >= 400:
             said = r.data[:200].decode(errors="replace")
             raise ImageError(f"registry {self.host}: {what}: HTTP {r.status} {said}")
-
-
-@functools.cache
-def http_pool() -> urllib3.PoolManager:
-    """One pool of kept-alive connections for every registry call of this process."""
-    import urllib3
-
-    # No retries: an unreachable registry is one clear error, not minutes of backoff.
-    return urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(connect=30, read=300))
 
 
 @dataclass(frozen=True)
