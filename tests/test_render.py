@@ -17,7 +17,7 @@ from support import stages
 from pipelines.errors import PipelineError
 from pipelines.paths import PATCH_SOURCE, PROFILES_DIR, RENDER_DIR
 from pipelines.profiles import ProfileError, load_profile, parse_profile
-from pipelines.render import Render, renderer_for
+from pipelines.render import Render
 from pipelines.render.crd_schema import apply_overlay
 from pipelines.render.dockerhosts import launch_plans
 from pipelines.render.documents import Document, RenderError, write_documents
@@ -32,6 +32,7 @@ from pipelines.render.validate import (
 from pipelines.schema import replace
 from pipelines.steps import Engine
 from pipelines.store import Store
+from pipelines.targets import renderer_for
 from pipelines.weights.lock import load_lock, lock_path
 
 REPO = Path(__file__).resolve().parent.parent

@@ -11,6 +11,7 @@ from pipelines.deploy.kubeapi import KubeAccess
 from pipelines.deploy.kubernetes import Kubernetes
 from pipelines.deploy.plan import Deployment
 from pipelines.profiles import Profile
+from pipelines.targets import load, target_of
 
 
 class Backend(Protocol):
@@ -47,11 +48,18 @@ class Backend(Protocol):
         """Let go of connections (clients, ssh forwards)."""
 
 
-# deploy -> backend(profile, the local stack's engines by member, timeout in seconds)
-BACKENDS: dict[str, Callable[..., Backend]] = {
-    "docker": DockerHosts,
-    "kubernetes": Kubernetes,
-}
+def docker_backend(
+    profile: Profile, engines: tuple[str, ...], timeout_s: float, kube: KubeAccess | None
+) -> Backend:
+    """Docker hosts: each member's engine (the local stack's, by member, or its URL)."""
+    return DockerHosts(profile, engines, timeout_s)
+
+
+def kubernetes_backend(
+    profile: Profile, engines: tuple[str, ...], timeout_s: float, kube: KubeAccess | None
+) -> Backend:
+    """The Kubernetes API server the access names (a cluster uses no local engine)."""
+    return Kubernetes(profile, engines, timeout_s, kube)
 
 
 def backend_for(
@@ -59,10 +67,7 @@ def backend_for(
     local_engines: tuple[str, ...],
     timeout_s: float,
     kube: KubeAccess | None = None,
-) -> Backend | None:
-    """The backend of a profile's `deploy`, or None where none is built yet."""
-    if profile.deploy not in BACKENDS:
-        return None
-    # Only the Kubernetes backend talks to an API server: how to reach it is its alone.
-    extra = {"kube": kube} if profile.deploy == "kubernetes" and kube else {}
-    return BACKENDS[profile.deploy](profile, local_engines, timeout_s, **extra)
+) -> Backend:
+    """The deploy backend of the profile's target (pipelines/targets/)."""
+    make: Callable[..., Backend] = load(target_of(profile).backend)
+    return make(profile, local_engines, timeout_s, kube)

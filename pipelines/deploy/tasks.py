@@ -25,6 +25,7 @@ from pipelines.errors import PipelineError
 from pipelines.site import Site
 from pipelines.stage import Context
 from pipelines.steps import Step, side_task
+from pipelines.targets import target_of
 
 if TYPE_CHECKING:
     from pipelines.deploy.backends import Backend
@@ -365,7 +366,7 @@ class Deploy:
             self._backend_built(self.deploy),
             deps=["build"],
         )
-        if self.ring_staging and self.profile.deploy == "docker":
+        if self.ring_staging and not target_of(self.profile).stages_in_render:
             yield side_task(
                 "stage_ring",
                 "stage the weights on every member host: each file from S3 once, the rest"

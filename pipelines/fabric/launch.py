@@ -12,7 +12,7 @@ import io
 import tarfile
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pipelines.deploy import (
     DeployError,
@@ -24,6 +24,9 @@ from pipelines.deploy import (
 )
 from pipelines.fabric.expect import FabricError
 from pipelines.profiles import Profile
+
+if TYPE_CHECKING:
+    from pipelines.fabric.tasks import FabricSettings
 
 LABEL = "dev.sparkforge.fabric"
 
@@ -203,3 +206,14 @@ class KubernetesLauncher:
             return api.request("GET", path, text=True)
         except DeployError as err:
             return f"(no log: {err})"
+
+
+def docker_launcher(profile: Profile, settings: FabricSettings) -> DockerLauncher:
+    """The docker target's launch: a container on each member's own engine."""
+    hosts = DockerHosts(profile, settings.site.docker_hosts, settings.timeout_s)
+    return DockerLauncher(profile, hosts)
+
+
+def kubernetes_launcher(profile: Profile, settings: FabricSettings) -> KubernetesLauncher:
+    """The kubernetes target's launch: one Job per member through the API server."""
+    return KubernetesLauncher(profile, settings.kube)

@@ -16,6 +16,7 @@ from pipelines.profiles import Profile
 from pipelines.site import Site
 from pipelines.stage import Context
 from pipelines.steps import Step, side_task
+from pipelines.targets import load, target_of
 
 if TYPE_CHECKING:  # the parser and the checks are imported when a check runs, not at `doit list`
     from pipelines.fabric.expect import Expectations
@@ -48,14 +49,8 @@ def fabric_documents(folder: Path) -> list[dict[str, Any]]:
 
 
 def default_launcher(profile: Profile, settings: FabricSettings):
-    """The launch the runtime uses: Jobs on Kubernetes, containers on Docker hosts."""
-    from pipelines.deploy import DockerHosts
-    from pipelines.fabric.launch import DockerLauncher, KubernetesLauncher
-
-    if profile.deploy == "kubernetes":
-        return KubernetesLauncher(profile, settings.kube)
-    hosts = DockerHosts(profile, settings.site.docker_hosts, settings.timeout_s)
-    return DockerLauncher(profile, hosts)
+    """The launch the runtime uses, as the profile's target names it (pipelines/targets/)."""
+    return load(target_of(profile).launcher)(profile, settings)
 
 
 def summary(log: NcclLog) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The render stage: manifests (Kubernetes) or launch plans (Docker hosts), validated offline."""
 
-from pipelines.render.tasks import RENDERERS, Render, renderer_for
+from pipelines.render.tasks import Render
 
-__all__ = ["RENDERERS", "Render", "renderer_for"]
+__all__ = ["Render"]

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines.paths import MANIFESTS_DIR, PROFILES_MODULE, RENDER_DIR
-from pipelines.profiles import Profile, ProfileError
+from pipelines.profiles import Profile
 from pipelines.render.documents import Document, RenderInputs, write_documents
 from pipelines.schema import as_data
 from pipelines.stage import Context
 from pipelines.steps import Sources, Step, StepRun
+from pipelines.targets import load, renderer_for, target_of
 
 if TYPE_CHECKING:
     from pipelines.images import PublishedImage
@@ -20,33 +19,12 @@ if TYPE_CHECKING:
 
 Renderer = Callable[[Profile, RenderInputs, list[str]], list[Document]]
 
-# (deploy, runtime) -> the renderer's module and function under pipelines.render, imported when
-# a render runs (the Kubernetes one brings the CRD schemas and CEL: not for `doit list`).
-RENDERERS: dict[tuple[str, str], str] = {
-    # The rings' renderers add the fabric check's documents (render/fabric.py) to the service's.
-    ("kubernetes", "vllm"): "fabric:render_kubernetes",
-    ("docker", "sglang"): "fabric:render_dockerhosts",
-    ("docker", "simulated"): "dockerhosts:render_simulated",
-}
-
 
 def load_renderer(name: str) -> Renderer:
-    """The renderer function a RENDERERS entry names."""
-    module, function = name.split(":")
-    return getattr(importlib.import_module(f"pipelines.render.{module}"), function)
-
-
-def renderer_for(profile: Profile, path: Path | None = None) -> str:
-    """The renderer entry of a profile's (deploy, runtime), or ProfileError naming the pair."""
-    pair = (profile.deploy, profile.runtime)
-    if pair not in RENDERERS:
-        known = ", ".join(f"{d}+{r}" for d, r in RENDERERS)
-        where = path or f"profile {profile.name}"
-        raise ProfileError(
-            f"{where}: fields 'deploy' and 'runtime': {profile.deploy}+{profile.runtime} is not"
-            f" supported; expected one of: {known}"
-        )
-    return RENDERERS[pair]
+    """The renderer function a target names (imported when a render runs: the Kubernetes one
+    brings the CRD schemas and CEL, not for `doit list`)."""
+    renderer: Renderer = load(name)
+    return renderer
 
 
 class Render:
@@ -66,9 +44,10 @@ class Render:
         self.profile = profile
         self.engine = context.engine
         self.renderer = renderer_for(profile)
-        # A Kubernetes ring stages its weights member to member in Jobs of the stager image
-        # (render/kubernetes.py), once its lock is complete: the ring plan needs every hash.
-        staging = stager.wanted and profile.deploy == "kubernetes" and model.is_locked()
+        self.target = target_of(profile)
+        # A target that stages in the render (Kubernetes) stages a ring's weights member to
+        # member in Jobs of the stager image, once its lock is complete: the plan needs every hash.
+        staging = stager.wanted and self.target.stages_in_render and model.is_locked()
         self.step = self._step(
             model,
             image.ref,
@@ -91,7 +70,7 @@ class Render:
         def render(run: StepRun) -> None:
             lock = model.read_lock()
             plan = model.ring_plan_json() if run.params["stager_image"] else ""
-            if not plan and profile.deploy == "kubernetes" and len(profile.members) > 1:
+            if not plan and self.target.stages_in_render and len(profile.members) > 1:
                 print(
                     f"render: no ring staging Jobs until {model.lock_file.name} is complete"
                     " (`doit lock_weights`); the Model stages each member from S3"
