@@ -46,6 +46,9 @@ def test_the_shipped_tree_keeps_every_contract(tmp_path):
         ("pipelines/profiles.py", "import pipelines.steps", "The edge imports neither"),
         ("pipelines/images/tasks.py", "import devstack", "No stage imports the local stack"),
         ("pipelines/render/tasks.py", "import pipelines.weights.fetch", "Render uses other"),
+        ("pipelines/stage.py", "import pipelines.render", "The stage shape (Context, Stage)"),
+        ("pipelines/httpjson.py", "import pipelines.bench", "The HTTP pool and its JSON calls"),
+        ("pipelines/targets/docker.py", "import pipelines.deploy", "The deploy targets name"),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):

@@ -710,6 +710,18 @@ def test_the_operator_check_fails_on_a_sample_the_schemas_refuse(tmp_path):
     )
 
 
+def test_the_operator_check_refuses_a_source_record_of_the_wrong_shape_in_one_line(tmp_path):
+    repo, schemas = checkable_operator(tmp_path)
+    record = json.loads((schemas / "source.json").read_text())
+    record["files"][0]["sha256"] = 7
+    (schemas / "source.json").write_text(json.dumps(record))
+    result = crds_check(repo, schemas)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"error: {schemas / 'source.json'}: Expected `str`, got `int` - at `$.files[0].sha256`"
+    ]
+
+
 def test_the_operator_check_refuses_a_folder_that_is_not_the_operators_repository(tmp_path):
     _, schemas = checkable_operator(tmp_path)
     (tmp_path / "empty").mkdir()

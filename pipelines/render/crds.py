@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import yaml
 
 from pipelines.errors import BadInput, run_main
@@ -193,21 +194,21 @@ def check(repo: Path, schemas: Path = LLMKUBE_SCHEMAS_DIR) -> tuple[list[str], l
     schemas of that folder (and its overlay).
     """
     record = read_record(schemas)
-    commit = record["commit"]
+    commit = record.commit
     findings: list[str] = []
     problems: list[str] = []
-    for f in record["files"]:
-        text = git_show(repo, commit, f["path"])
+    for f in record.files:
+        text = git_show(repo, commit, f.path)
         digest = hashlib.sha256(text).hexdigest()
-        if digest != f["sha256"]:
-            problems.append(f"{f['path']}: sha256 {digest}, source.json records {f['sha256']}")
+        if digest != f.sha256:
+            problems.append(f"{f.path}: sha256 {digest}, source.json records {f.sha256}")
             continue
-        derived = schema_text(derive_kind(text, f["kind"], f["path"]))
-        committed = schemas / f["derived"]
+        derived = schema_text(derive_kind(text, f.kind, f.path))
+        committed = schemas / f.derived
         if not committed.is_file() or committed.read_text() != derived:
-            problems.append(f"{committed}: differs from what {f['path']} derives to")
+            problems.append(f"{committed}: differs from what {f.path} derives to")
         else:
-            findings.append(f"{committed.name}: byte-identical to what {f['path']} derives to")
+            findings.append(f"{committed.name}: byte-identical to what {f.path} derives to")
     samples = operator_samples(repo, commit)
     passed = 0
     for doc in samples:
@@ -221,23 +222,33 @@ def check(repo: Path, schemas: Path = LLMKUBE_SCHEMAS_DIR) -> tuple[list[str], l
     return findings, problems
 
 
-def read_record(schemas: Path) -> dict[str, Any]:
-    """The schemas' source.json: the operator's commit and each CRD's path and sha256."""
+class SourceFile(msgspec.Struct, frozen=True):
+    """One CRD a derived schema comes from."""
+
+    kind: str
+    path: str
+    sha256: str
+    derived: str
+
+
+class SourceRecord(msgspec.Struct, frozen=True):
+    """What check reads of source.json: the operator's commit and its CRD files."""
+
+    commit: str
+    files: list[SourceFile]
+
+
+def read_record(schemas: Path) -> SourceRecord:
+    """The schemas' source.json, checked; DeriveError naming the file and the field."""
     path = schemas / SOURCE_RECORD
     try:
-        record = json.loads(path.read_text())
-        commit, files = record["commit"], record["files"]
-        if not isinstance(commit, str) or not isinstance(files, list):
-            raise TypeError
-        for f in files:
-            for field in ("kind", "path", "sha256", "derived"):
-                if not isinstance(f[field], str):
-                    raise TypeError
-    except (OSError, ValueError, KeyError, TypeError):
-        raise DeriveError(
-            f"{path}: expected a record with commit and files (kind, path, sha256, derived)"
-        ) from None
-    return record
+        return msgspec.json.decode(path.read_bytes(), type=SourceRecord)
+    except OSError as err:
+        raise DeriveError(f"{path}: {err.strerror}") from None
+    except msgspec.ValidationError as err:
+        raise DeriveError(f"{path}: {err}") from None
+    except msgspec.DecodeError:
+        raise DeriveError(f"{path}: not JSON") from None
 
 
 def main(argv: list[str] | None = None) -> int:
