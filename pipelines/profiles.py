@@ -22,7 +22,7 @@ class ProfileError(BadInput):
     """A profile that cannot be used, said in one line naming file and field."""
 
 
-class Model(Strict, kw_only=True):
+class ModelSpec(Strict, kw_only=True):
     """The checkpoint: where it comes from and how it is served."""
 
     lock: Name
@@ -34,14 +34,14 @@ class Model(Strict, kw_only=True):
     source_secret: Name | None = None
 
 
-class Parallel(Strict):
+class ParallelSpec(Strict):
     """How the model is split across GPUs."""
 
     tensor: Count
     pipeline: Count
 
 
-class Resources(Strict):
+class ResourcesSpec(Strict):
     """What each member asks of its node."""
 
     gpu: Count
@@ -49,7 +49,7 @@ class Resources(Strict):
     cpu: Annotated[str, Meta(pattern=r"^[0-9]+(\.[0-9]+|m)?$")]
 
 
-class Member(Strict, kw_only=True):
+class MemberSpec(Strict, kw_only=True):
     """One ring member, in rank order: its node, management plane and model cache claim."""
 
     node: Name
@@ -66,7 +66,7 @@ class Member(Strict, kw_only=True):
     weights_root: Annotated[str, Meta(pattern=r"^/\S*$")] | None = None
 
 
-class Fabric(Strict, kw_only=True):
+class FabricSpec(Strict, kw_only=True):
     """The RoCE data plane of a switchless ring."""
 
     ib_hca: Annotated[list[str], Meta(min_length=1)]
@@ -81,7 +81,7 @@ class Fabric(Strict, kw_only=True):
     min_busbw_gbs: Annotated[float, Meta(gt=0)] | None = None
 
 
-class NcclOverlay(Strict):
+class NcclOverlaySpec(Strict):
     """The sparkring NCCL library mounted over the image's pip NCCL on every node."""
 
     host_path: str
@@ -89,7 +89,7 @@ class NcclOverlay(Strict):
     sha256: Sha256 | None = None
 
 
-class Kubernetes(Strict, kw_only=True):
+class KubernetesSpec(Strict, kw_only=True):
     """Where a Kubernetes deployment lives: namespace and each member's local model cache."""
 
     namespace: Name
@@ -103,14 +103,14 @@ class Kubernetes(Strict, kw_only=True):
     shm_size: Annotated[str, Meta(pattern=r"^[0-9]+(Mi|Gi)$")] = "8Gi"
 
 
-class Speculative(Strict):
+class SpeculativeSpec(Strict):
     """DSpark speculative decoding."""
 
     method: Literal["dspark"]
     num_speculative_tokens: Annotated[int, Meta(ge=1, le=8)]
 
 
-class Vllm(Strict, kw_only=True):
+class VllmSpec(Strict, kw_only=True):
     """vLLM engine settings."""
 
     gpu_memory_utilization: Annotated[float, Meta(ge=0.1, le=0.99)]
@@ -118,11 +118,11 @@ class Vllm(Strict, kw_only=True):
     max_num_seqs: Count
     max_num_batched_tokens: Count
     block_size: Count
-    speculative: Speculative | None = None
+    speculative: SpeculativeSpec | None = None
     extra_args: list[str] = []
 
 
-class Sglang(Strict, kw_only=True):
+class SglangSpec(Strict, kw_only=True):
     """SGLang engine settings."""
 
     context_length: Count
@@ -130,13 +130,13 @@ class Sglang(Strict, kw_only=True):
     max_total_tokens: Count
     mem_fraction_static: Annotated[float, Meta(gt=0, lt=1)]
     chunked_prefill_size: Count
-    speculative: Speculative | None = None
-    nccl_overlay: NcclOverlay | None = None
+    speculative: SpeculativeSpec | None = None
+    nccl_overlay: NcclOverlaySpec | None = None
     # Appended to the server command (e.g. the image's reasoning and tool-call parsers).
     extra_args: list[str] = []
 
 
-class Simulator(Strict, kw_only=True):
+class SimulatorSpec(Strict, kw_only=True):
     """The simulated runtime of the local profile: test equipment with configurable timing."""
 
     port: Annotated[int, Meta(ge=1, le=65535)]
@@ -153,7 +153,7 @@ class Simulator(Strict, kw_only=True):
     empty_chunks: bool = False
 
 
-class Baseline(Strict, kw_only=True):
+class BaselineSpec(Strict, kw_only=True):
     """One gated metric: its dotted name in the results, value, tolerance and direction."""
 
     metric: Annotated[str, Meta(pattern=r"^(decode\.c[0-9]+|saturation|needles)\.[a-z0-9_]+$")]
@@ -163,7 +163,7 @@ class Baseline(Strict, kw_only=True):
     source: str = ""  # where the number comes from (a measurement, the simulator's settings)
 
 
-class Bench(Strict, kw_only=True):
+class BenchSpec(Strict, kw_only=True):
     """What `doit bench` measures on this profile, and the baseline it must hold."""
 
     # Where the service answers, when the deployment cannot say (Kubernetes: from the runner).
@@ -180,10 +180,10 @@ class Bench(Strict, kw_only=True):
     needles: list[Count] = []
     needle_seconds_per_1k: Annotated[float, Meta(gt=0)] = 10.0
     request_timeout_s: Annotated[float, Meta(gt=0)] = 900.0
-    baseline: list[Baseline] = []
+    baseline: list[BaselineSpec] = []
 
 
-class Staging(Strict, kw_only=True):
+class StagingSpec(Strict, kw_only=True):
     """Ring staging of the weights: the members' blob servers and how long a file is awaited."""
 
     port: Annotated[int, Meta(ge=1, le=65535)] = 8098
@@ -193,7 +193,7 @@ class Staging(Strict, kw_only=True):
     image: Name = "weights-stager"
 
 
-class Hygiene(Strict):
+class HygieneSpec(Strict):
     """Node settings applied before a group boots."""
 
     swap_off: bool
@@ -213,19 +213,19 @@ class Profile(Strict, kw_only=True):
     node_weights_root: str = "/var/lib/sparkforge/weights"
     registry: Annotated[str, Meta(pattern=r"^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*$")] | None = None
     image: Name
-    model: Model
-    parallel: Parallel
-    resources: Resources
-    members: Annotated[list[Member], Meta(min_length=1, max_length=64)]
-    fabric: Fabric | None = None
-    kubernetes: Kubernetes | None = None
-    hygiene: Hygiene | None = None
+    model: ModelSpec
+    parallel: ParallelSpec
+    resources: ResourcesSpec
+    members: Annotated[list[MemberSpec], Meta(min_length=1, max_length=64)]
+    fabric: FabricSpec | None = None
+    kubernetes: KubernetesSpec | None = None
+    hygiene: HygieneSpec | None = None
     env: dict[str, str] = {}
-    vllm: Vllm | None = None
-    sglang: Sglang | None = None
-    simulator: Simulator | None = None
-    bench: Bench = field(default_factory=Bench)
-    staging: Staging = field(default_factory=Staging)
+    vllm: VllmSpec | None = None
+    sglang: SglangSpec | None = None
+    simulator: SimulatorSpec | None = None
+    bench: BenchSpec = field(default_factory=BenchSpec)
+    staging: StagingSpec = field(default_factory=StagingSpec)
 
     def __post_init__(self) -> None:
         """The rules across sections, each naming its field."""

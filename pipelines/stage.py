@@ -2,8 +2,8 @@
 
 doit finds a stage's tasks through `create_doit_tasks` (doit's loader takes any object of the
 dodo module that has it), so `dodo.py` is a table of stage objects. A stage with nothing to do
-for a profile (the fabric check of a single machine, the stager image of one member) yields no
-tasks.
+for a profile (the fabric check of a profile without a fabric section, the stager image of a
+profile that stages no ring) yields no tasks.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from conftest import delete_repository
 
 from pipelines.deploy.dockerhosts import Change, DockerHosts
 from pipelines.deploy.health import DeployError
-from pipelines.deploy.plan import Deployment, Member
+from pipelines.deploy.plan import Deployment, MemberHost
 from pipelines.deploy.preflight import nccl_disagreements
 from pipelines.images.registry import ACCEPT
 from pipelines.paths import PROFILES_DIR
@@ -475,8 +475,8 @@ def test_a_member_that_cannot_be_reached_does_not_stop_the_others_being_restored
     old.stop(timeout=10)
     new = docker_client.containers.create(old.attrs["Config"]["Image"], ["sleep", "600"], name=name)
     new.start()
-    reachable = Member(0, "localhost", stack.docker_hosts[0])
-    dropped = Member(1, "ring-b", "tcp://127.0.0.1:9")  # the discard port: nothing listens
+    reachable = MemberHost(0, "localhost", stack.docker_hosts[0])
+    dropped = MemberHost(1, "ring-b", "tcp://127.0.0.1:9")  # the discard port: nothing listens
     backend = DockerHosts(load_profile(NAME, world["profiles"]), stack.docker_hosts, 10)
     changes = [Change(reachable, started=name, kept=aside), Change(dropped, started=name)]
     try:

@@ -20,7 +20,7 @@ from kube_api import KubeDouble, KubeServer, job_status
 from support import stages
 
 import devstack as local_stack
-from pipelines.deploy import DockerHosts, KubeAccess, Member
+from pipelines.deploy import DockerHosts, KubeAccess, MemberHost
 from pipelines.fabric import Fabric, fabric_refusal, fabric_verdict
 from pipelines.fabric.expect import (
     TOLERANCE,
@@ -465,7 +465,7 @@ def test_the_docker_launcher_runs_a_container_per_member_on_each_engine_then_rem
     launcher = DockerLauncher(profile, engines)
     tag = "sparkforge-test/fabric-busybox:1"
     clients = [
-        engines.client(Member(rank, m.node, url))
+        engines.client(MemberHost(rank, m.node, url))
         for rank, (m, url) in enumerate(zip(profile.members, engines.engines(), strict=True))
     ]
     for client in clients:

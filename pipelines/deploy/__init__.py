@@ -16,7 +16,7 @@ LAZY = {
     "container_options": "dockerhosts",
     "DeployError": "health",
     "KubeApi": "kubeapi",
-    "Member": "plan",
+    "MemberHost": "plan",
 }
 
 __all__ = ["Deploy", "DeploySettings", "KubeAccess", "RingStaging", *LAZY]

@@ -10,7 +10,7 @@ from typing import Any
 
 from pipelines.deploy import preflight
 from pipelines.deploy.health import DeployError, DeployUnreachable, wait_until_serving
-from pipelines.deploy.plan import Deployment, Member, one_image, read_documents
+from pipelines.deploy.plan import Deployment, MemberHost, one_image, read_documents
 from pipelines.deploy.preflight import member_needs
 from pipelines.deploy.ssh import Tunnel
 from pipelines.profiles import Profile
@@ -52,7 +52,7 @@ def container_options(plan: dict[str, Any], labels: dict[str, str]) -> dict[str,
 class Change:
     """What apply did on one member, so that restore can undo exactly that."""
 
-    member: Member
+    member: MemberHost
     started: str | None = None  # the new container's name
     kept: str | None = None  # the previous container, stopped and renamed aside
     unchanged: bool = False
@@ -98,7 +98,7 @@ class DockerHosts:
         first = deployment.documents[0]
         return f"http://{first['address']}:{first['port']}"
 
-    def client(self, member: Member):
+    def client(self, member: MemberHost):
         """The Docker SDK client of a member's engine (one per URL)."""
         import docker
         import docker.errors
@@ -163,7 +163,7 @@ class DockerHosts:
         overlay = self.profile.sglang.nccl_overlay if self.profile.sglang else None
         return found + preflight.nccl_disagreements(nccl, overlay.sha256 if overlay else None)
 
-    def pull(self, client, member: Member, image: str) -> None:
+    def pull(self, client, member: MemberHost, image: str) -> None:
         """Have the member's engine hold the image (pulled by digest when missing)."""
         import docker.errors
 
@@ -235,7 +235,7 @@ class DockerHosts:
             print(f"deploy: {', '.join(done)} on member {member.node}")
 
     def _apply_member(
-        self, deployment: Deployment, member: Member, plan: dict, changes: list[Change]
+        self, deployment: Deployment, member: MemberHost, plan: dict, changes: list[Change]
     ) -> None:
         """Run the plan on one member, recording each step in changes as it happens."""
         import docker.errors

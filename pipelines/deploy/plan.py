@@ -13,8 +13,8 @@ from pipelines.deploy.health import DeployError
 
 
 @dataclass(frozen=True)
-class Member:
-    """One member as deploy sees it: rank, node and the URL of its Docker engine."""
+class MemberHost:
+    """One member's Docker host as deploy sees it: rank, node and the URL of its engine."""
 
     rank: int
     node: str
@@ -32,10 +32,10 @@ class Deployment:
     image: str  # pinned by digest
     engines: tuple[str, ...] = ()  # Docker hosts: the Docker URL of each member, by rank
 
-    def members(self) -> Iterator[tuple[Member, dict[str, Any]]]:
+    def members(self) -> Iterator[tuple[MemberHost, dict[str, Any]]]:
         """(member, launch plan) in rank order (Docker hosts)."""
         for plan, engine in zip(self.documents, self.engines, strict=True):
-            yield Member(plan["rank"], plan["node"], engine), plan
+            yield MemberHost(plan["rank"], plan["node"], engine), plan
 
     @property
     def digest(self) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.profiles import Fabric
+from pipelines.profiles import FabricSpec
 
 # The string a sparkring NCCL build carries (shared/reference: "a qualifying library").
 RING_ONLY_MARK = "SWITCHLESS_RING_ONLY"
@@ -111,7 +111,7 @@ class Needs:
     mounts: list[tuple[str, str]] = field(default_factory=list)  # (container path, host path)
 
 
-def fabric_needs(fabric: Fabric | None, rdma: str = RDMA_SYSFS) -> dict[str, Any] | None:
+def fabric_needs(fabric: FabricSpec | None, rdma: str = RDMA_SYSFS) -> dict[str, Any] | None:
     """What the fabric check reads: each HCA and its port (NCCL_IB_HCA's `name[:port]`), the
     GID index NCCL uses, the MTU the ring runs at; rdma, where the RDMA devices' sysfs is."""
     if fabric is None:

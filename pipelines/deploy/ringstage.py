@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipelines.deploy.health import DeployError
-from pipelines.deploy.plan import Member
+from pipelines.deploy.plan import MemberHost
 
 PLAN_PARENT, PLAN_DIR = "/etc", "sparkforge"  # the plan is /etc/sparkforge/ring-plan.json
 PLAN_FILE = "ring-plan.json"
@@ -85,11 +85,11 @@ class Stagers:
         self.hosts = hosts  # the DockerHosts backend: a client per member engine, pulls
         self.profile = profile
         self.say = say
-        self.started: list[tuple[Member, Any]] = []
+        self.started: list[tuple[MemberHost, Any]] = []
 
     def run(
         self,
-        members: list[Member],
+        members: list[MemberHost],
         image: str,
         plan_json: str,
         roots: list[str],
@@ -140,7 +140,7 @@ class Stagers:
         import docker.errors
 
         tails: dict[int, list[str]] = {}
-        exits: queue.Queue[tuple[Member, Any, int]] = queue.Queue()
+        exits: queue.Queue[tuple[MemberHost, Any, int]] = queue.Queue()
         printers: dict[int, threading.Thread] = {}
         for member, container in self.started:
             tail = tails.setdefault(member.rank, [])
@@ -171,7 +171,7 @@ class Stagers:
             self.say(f"stage_ring: stopped {nodes}; a run again resumes from what is verified")
         return failed
 
-    def _print_logs(self, member: Member, container: Any, tail: list[str]) -> None:
+    def _print_logs(self, member: MemberHost, container: Any, tail: list[str]) -> None:
         """Copy one member's output here, line by line, each naming the member."""
         pending = b""
         for chunk in container.logs(stream=True, follow=True):
@@ -182,7 +182,7 @@ class Stagers:
         if pending.strip():
             self._say_line(member, pending, tail)
 
-    def _say_line(self, member: Member, line: bytes, tail: list[str]) -> None:
+    def _say_line(self, member: MemberHost, line: bytes, tail: list[str]) -> None:
         """One line of a member: as it is when it names the member, else behind its node."""
         text = line.decode(errors="replace").rstrip()
         tail.append(text)

@@ -321,7 +321,7 @@ class Deploy:
         each member's share from S3, the rest from its peers, every file verified."""
         import os
 
-        from pipelines.deploy.plan import Member
+        from pipelines.deploy.plan import MemberHost
         from pipelines.deploy.ringstage import Stagers, s3_environment
 
         staging = self.ring_staging
@@ -329,7 +329,7 @@ class Deploy:
         env = s3_environment(os.environ)
         image, plan = staging.image(), staging.plan()
         members = [
-            Member(rank, m.node, url)
+            MemberHost(rank, m.node, url)
             for rank, (m, url) in enumerate(
                 zip(self.profile.members, self.backend.engines(), strict=True)
             )

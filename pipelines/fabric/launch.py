@@ -19,7 +19,7 @@ from pipelines.deploy import (
     DockerHosts,
     KubeAccess,
     KubeApi,
-    Member,
+    MemberHost,
     container_options,
 )
 from pipelines.fabric.expect import FabricError
@@ -85,7 +85,7 @@ class DockerLauncher:
         started = []
         try:
             for plan in sorted(docs, key=lambda p: p["rank"]):
-                member = Member(plan["rank"], plan["node"], urls[plan["rank"]])
+                member = MemberHost(plan["rank"], plan["node"], urls[plan["rank"]])
                 client = self.engines.client(member)
                 name = f"sparkforge-{self.profile.name}-fabric-{member.rank}"
                 self._remove(client, name)
@@ -108,7 +108,7 @@ class DockerLauncher:
                     container.remove(force=True)
 
     @staticmethod
-    def _wait(member: Member, container, deadline: float) -> MemberRun:
+    def _wait(member: MemberHost, container, deadline: float) -> MemberRun:
         """The member's exit status (None past the deadline) and its whole log."""
         import requests
 

@@ -92,8 +92,9 @@ def entry_of(f: PlannedFile) -> LockEntry:
     return LockEntry(name=f.name, size=f.size, sha256=f.sha256)
 
 
-class Member:
-    """One member of a ring staging run."""
+class RingStager:
+    """One member's side of a ring staging run: serves its blobs, fetches its share from S3 and the
+    rest from peers."""
 
     def __init__(
         self,
@@ -506,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     options = FetchOptions(part_size=args.part_mib << 20, max_rate=rate)
     with s3_errors(plan.source):
         client = s3_client()
-        member = Member(
+        member = RingStager(
             plan,
             args.rank,
             blobs,

@@ -68,7 +68,7 @@ SECONDS = ("ready_s", "s3_part_s", "staged_s", "wall_s")  # the marks of a run, 
 COLORS = {RING: "#4c72b0", EACH: "#999999"}
 
 
-class Bench:
+class StagingTestbed:
     """The ring, the model in its S3, and where runs keep their folders."""
 
     def __init__(self, net: RingNet, credentials: dict[str, str], lock: Lock, args):
@@ -308,7 +308,7 @@ def main() -> int:
             shape = SyntheticShape(args.shard_mib * MiB, args.engram_mib * MiB)
             source = f"s3://models/perf/ring-{args.shard_mib}-{args.engram_mib}"
             lock = ensure_model(host, source, shape)
-            bench = Bench(net, credentials, lock, args)
+            bench = StagingTestbed(net, credentials, lock, args)
             rows = []
             for run in range(1, args.runs + 1):
                 for mode in MODES if run % 2 else MODES[::-1]:
