@@ -59,9 +59,9 @@ def s3_client(endpoints: Endpoints, credentials: Mapping[str, str]):
     from botocore.config import Config
 
     # The pipeline's own client settings, so tests reach the stack's S3 as the pipeline does.
-    from pipelines.weights.s3 import CLIENT_CONFIG
+    from pipelines.s3options import MODEL_S3_OPTIONS
 
-    config = Config(region_name=endpoints.s3_region, max_pool_connections=32, **CLIENT_CONFIG)
+    config = Config(region_name=endpoints.s3_region, max_pool_connections=32, **MODEL_S3_OPTIONS)
     return boto3.session.Session().client(
         "s3",
         endpoint_url=endpoints.s3_url,

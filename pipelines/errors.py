@@ -32,6 +32,15 @@ class Unreachable(PipelineError):
     exit_code = 3
 
 
+class DeployError(PipelineError):
+    """A deployment that did not come up, or a world that would not let it (deploy, and the
+    targets' engine and API clients that deploy and the fabric check share)."""
+
+
+class DeployUnreachable(DeployError, Unreachable):
+    """A member's Docker engine or the Kubernetes API server that does not answer at all."""
+
+
 class Regression(PipelineError):
     """A gate measured and found a metric worse than its baseline allows."""
 

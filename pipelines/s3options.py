@@ -9,3 +9,7 @@ S3_CLIENT_OPTIONS = dict(
     retries={"max_attempts": 5, "mode": "standard"},
     connect_timeout=10,
 )
+
+# The model bucket's clients (the weights stage's, the local stack's that tests fill it with):
+# a range of a large file may take its time on a loaded store.
+MODEL_S3_OPTIONS = {**S3_CLIENT_OPTIONS, "read_timeout": 120}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -38,19 +39,31 @@ def test_the_shipped_tree_keeps_every_contract(tmp_path):
     assert "0 broken" in result.stdout
 
 
-@pytest.mark.parametrize(
-    ("module", "line", "contract"),
-    [
-        ("pipelines/steps.py", "import pipelines.weights", "The engine imports no stage"),
-        ("pipelines/store.py", "import requests", "import no outside-world library"),
-        ("pipelines/profiles.py", "import pipelines.steps", "The edge imports neither"),
-        ("pipelines/images/tasks.py", "import devstack", "No stage imports the local stack"),
-        ("pipelines/render/tasks.py", "import pipelines.weights.fetch", "Render uses other"),
-        ("pipelines/stage.py", "import pipelines.render", "The stage shape (Context, Stage)"),
-        ("pipelines/httpjson.py", "import pipelines.bench", "The HTTP pool and its JSON calls"),
-        ("pipelines/targets/docker.py", "import pipelines.deploy", "The deploy targets name"),
-    ],
-)
+BREAKAGES = [
+    ("pipelines/steps.py", "import pipelines.weights", "The engine imports no stage"),
+    ("pipelines/store.py", "import requests", "import no outside-world library"),
+    ("pipelines/profiles.py", "import pipelines.steps", "The edge imports neither"),
+    ("pipelines/images/tasks.py", "import devstack", "No stage imports the local stack"),
+    ("pipelines/render/tasks.py", "import pipelines.weights.fetch", "Render uses other"),
+    ("pipelines/stage.py", "import pipelines.render", "The stage shape (Context, Stage)"),
+    ("pipelines/httpjson.py", "import pipelines.bench", "The HTTP pool and its JSON calls"),
+    ("pipelines/targets/docker.py", "import pipelines.deploy", "The deploy targets name"),
+    ("pipelines/fabric/launch.py", "import pipelines.deploy", "The fabric imports no other"),
+    ("pipelines/fabric/tasks.py", "import pipelines.render", "The fabric imports no other"),
+    ("pipelines/bench/tasks.py", "import pipelines.fabric", "The bench meets the other"),
+    ("devstack/access.py", "import pipelines.weights.s3", "The local stack imports only"),
+    ("devstack/settings.py", "import pipelines.steps", "The local stack imports only"),
+    ("pipelines/cache/remote.py", "import pipelines.store", "The remote cache (an engine"),
+    ("pipelines/images/tasks.py", "import pipelines.render.tasks", "Images use other"),
+    ("pipelines/weights/tasks.py", "import pipelines.images.tasks", "Weights use other"),
+    ("pipelines/deploy/tasks.py", "import pipelines.render.tasks", "Deploy uses other"),
+    ("pipelines/deploy/tasks.py", "import pipelines.fabric", "The stages before it do not"),
+    ("pipelines/render/tasks.py", "import pipelines.bench", "No stage before it imports"),
+    ("pipelines/profile_check/__init__.py", "import pipelines.images.tasks", "The profile stage"),
+]
+
+
+@pytest.mark.parametrize(("module", "line", "contract"), BREAKAGES)
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):
     folder = copy_project(tmp_path)
     path = folder / module
@@ -59,6 +72,12 @@ def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract
     assert result.returncode != 0
     broken = [row for row in result.stdout.splitlines() if row.endswith("BROKEN")]
     assert any(contract in row for row in broken), result.stdout
+
+
+def test_every_contract_has_a_forbidden_import_that_breaks_it():
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    names = [c["name"] for c in pyproject["tool"]["importlinter"]["contracts"]]
+    assert [n for n in names if not any(row[2] in n for row in BREAKAGES)] == []
 
 
 @pytest.mark.parametrize(

@@ -26,12 +26,13 @@ import yaml
 from conftest import delete_repository
 
 from pipelines.deploy.dockerhosts import Change, DockerHosts
-from pipelines.deploy.health import DeployError
-from pipelines.deploy.plan import Deployment, MemberHost
+from pipelines.deploy.plan import Deployment
 from pipelines.deploy.preflight import nccl_disagreements
+from pipelines.errors import DeployError
 from pipelines.images.registry import ACCEPT
 from pipelines.paths import PROFILES_DIR
 from pipelines.profiles import load_profile
+from pipelines.targets.dockerengines import MemberHost
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = f"deploytest{uuid.uuid4().hex[:6]}"

@@ -15,17 +15,17 @@ from kube_api import KubeDouble, KubeServer, b64, job_status, service_status
 from staged_tp3 import staged_tp3_render
 from support import stages
 
-from pipelines.deploy import Deploy, DeploySettings, KubeAccess
-from pipelines.deploy.health import DeployError
+from pipelines.deploy import Deploy, DeploySettings
 from pipelines.deploy.kubeobjects import LAST_APPLIED, compact
 from pipelines.deploy.plan import Deployment
 from pipelines.deploy.records import Records
-from pipelines.errors import PipelineError
+from pipelines.errors import DeployError, PipelineError
 from pipelines.profiles import load_profile
 from pipelines.settings import read_settings
 from pipelines.site import Site
 from pipelines.steps import Engine
 from pipelines.store import Store
+from pipelines.targets.kubeapi import KubeAccess
 from pipelines.weights import Weights
 
 REPO = Path(__file__).resolve().parent.parent

@@ -20,7 +20,6 @@ from kube_api import KubeDouble, KubeServer, job_status
 from support import stages
 
 import devstack as local_stack
-from pipelines.deploy import DockerHosts, KubeAccess, MemberHost
 from pipelines.fabric import Fabric, fabric_refusal, fabric_verdict
 from pipelines.fabric.expect import (
     TOLERANCE,
@@ -41,6 +40,8 @@ from pipelines.render.validate import validate_documents
 from pipelines.site import Site
 from pipelines.steps import Engine
 from pipelines.store import Store
+from pipelines.targets.dockerengines import DockerEngines, MemberHost
+from pipelines.targets.kubeapi import KubeAccess
 from pipelines.weights.lock import load_lock, lock_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -461,7 +462,7 @@ def busybox_image(client, tag: str) -> str:
 def test_the_docker_launcher_runs_a_container_per_member_on_each_engine_then_removes_them(stack):
     local_stack.export_ssh_environment()
     profile = load_profile("local-ring")
-    engines = DockerHosts(profile, stack.docker_hosts, 60)
+    engines = DockerEngines(profile, stack.docker_hosts)
     launcher = DockerLauncher(profile, engines)
     tag = "sparkforge-test/fabric-busybox:1"
     clients = [

@@ -449,7 +449,8 @@ def test_deploys_health_check_says_why_a_member_does_not_serve_yet(start, sim: S
 
 
 def test_a_smoke_completion_without_text_fails_the_deploy_in_one_line(start) -> None:
-    from pipelines.deploy.health import DeployError, smoke
+    from pipelines.deploy.health import smoke
+    from pipelines.errors import DeployError
 
     silent = start(SIM_MISSING_ROUTES="/v1/chat/completions")
     with pytest.raises(DeployError) as err:

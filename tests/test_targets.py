@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from support import stages
 
-from pipelines.deploy import KubeAccess
 from pipelines.deploy.backends import backend_for
 from pipelines.fabric import Fabric
 from pipelines.profiles import load_profile
 from pipelines.steps import Engine
 from pipelines.store import Store
 from pipelines.targets import TARGETS, load, target_of
+from pipelines.targets.kubeapi import KubeAccess
 
 PIPELINES = Path(__file__).resolve().parent.parent / "pipelines"
 

@@ -28,6 +28,7 @@ from keying import read_chars
 
 from pipelines.errors import PipelineError
 from pipelines.progress import NoProgress
+from pipelines.s3options import MODEL_S3_OPTIONS
 from pipelines.schema import as_data, replace
 from pipelines.statcache import StatCache
 from pipelines.weights import bucket as bucket_module
@@ -49,7 +50,7 @@ from pipelines.weights.lock import (
 from pipelines.weights.options import FetchOptions
 from pipelines.weights.patch import PatchError, patch_tp3, patch_tp3_folder
 from pipelines.weights.ranges import RangeError, direct_readinto, fill
-from pipelines.weights.s3 import CLIENT_CONFIG, S3Url
+from pipelines.weights.s3 import S3Url
 from pipelines.weights.sources import S3Source
 from pipelines.weights.stage import is_staged, stage, stage_plan
 from pipelines.weights.synthetic import (
@@ -374,7 +375,7 @@ def proxied_client(proxy: CuttingProxy, stack, stack_env):
         region_name=stack.s3_region,
         aws_access_key_id=stack_env["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=stack_env["AWS_SECRET_ACCESS_KEY"],
-        config=botocore.config.Config(max_pool_connections=4, **CLIENT_CONFIG),
+        config=botocore.config.Config(max_pool_connections=4, **MODEL_S3_OPTIONS),
     )
 
 
@@ -884,7 +885,7 @@ def client_for(endpoint: str, max_attempts: int = 5):
         aws_access_key_id="test",
         aws_secret_access_key="test",
         config=botocore.config.Config(
-            **{**CLIENT_CONFIG, "retries": {"max_attempts": max_attempts, "mode": "standard"}}
+            **{**MODEL_S3_OPTIONS, "retries": {"max_attempts": max_attempts, "mode": "standard"}}
         ),
     )
 

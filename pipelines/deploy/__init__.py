@@ -1,25 +1,18 @@
 """The deploy stage: rendered plans onto the members, a canary gate, `:stable`, records.
 
-Other stages use nothing from here but what is exported below. The fabric check launches its
-probe the way deploy launches the runtime (the same engines, the same API layer): those names
-load on first use, so `doit list` does not import the backends.
+Other stages use nothing from here but what is exported below (dodo.py: `Deploy.live` for the
+bench). The fabric check launches its probe through the same clients as deploy, which live beside
+the targets (pipelines/targets/dockerengines.py, kubeapi.py), not here.
 """
 
 from importlib import import_module
 
-from pipelines.deploy.kubeapi import KubeAccess
 from pipelines.deploy.tasks import Deploy, DeploySettings, RingStaging
 
 # name -> module under pipelines.deploy that defines it, imported when first asked for.
-LAZY = {
-    "DockerHosts": "dockerhosts",
-    "container_options": "dockerhosts",
-    "DeployError": "health",
-    "KubeApi": "kubeapi",
-    "MemberHost": "plan",
-}
+LAZY = {"DockerHosts": "dockerhosts"}
 
-__all__ = ["Deploy", "DeploySettings", "KubeAccess", "RingStaging", *LAZY]
+__all__ = ["Deploy", "DeploySettings", "RingStaging", *LAZY]
 
 
 def __getattr__(name: str):

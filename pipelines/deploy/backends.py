@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipelines.deploy.dockerhosts import DockerHosts
-from pipelines.deploy.kubeapi import KubeAccess
 from pipelines.deploy.kubernetes import Kubernetes
 from pipelines.deploy.plan import Deployment
 from pipelines.profiles import Profile
 from pipelines.targets import load, target_of
+from pipelines.targets.kubeapi import KubeAccess
 
 
 class Backend(Protocol):

@@ -5,15 +5,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from pipelines.deploy import preflight
-from pipelines.deploy.health import DeployError, DeployUnreachable, wait_until_serving
-from pipelines.deploy.plan import Deployment, MemberHost, one_image, read_documents
+from pipelines.deploy.health import wait_until_serving
+from pipelines.deploy.plan import Deployment, one_image, read_documents
 from pipelines.deploy.preflight import member_needs
-from pipelines.deploy.ssh import Tunnel
-from pipelines.profiles import Profile
+from pipelines.errors import DeployError
+from pipelines.targets.dockerengines import DockerEngines, MemberHost, container_options
 
 KEY_LABEL = "dev.sparkforge.deployment"
 PROFILE_LABEL = "dev.sparkforge.profile"
@@ -22,30 +21,6 @@ PROFILE_LABEL = "dev.sparkforge.profile"
 def container_name(profile: str, rank: int) -> str:
     """The member's container: one per profile and rank on its host."""
     return f"sparkforge-{profile}-{rank}"
-
-
-def container_options(plan: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
-    """Docker SDK `containers.create` options of a launch plan."""
-    from docker.types import DeviceRequest, Mount
-
-    options: dict[str, Any] = {
-        "environment": plan.get("env", {}),
-        "network_mode": plan.get("network_mode", "host"),
-        "labels": labels,
-        "mounts": [
-            Mount(m["target"], m["source"], type="bind", read_only=m.get("read_only", False))
-            for m in plan.get("mounts", [])
-        ],
-    }
-    if plan.get("command"):
-        options["command"] = plan["command"]
-    if plan.get("ipc_mode"):
-        options["ipc_mode"] = plan["ipc_mode"]
-    if plan.get("devices"):
-        options["devices"] = [f"{d}:{d}" for d in plan["devices"]]
-    if plan.get("gpus"):
-        options["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
-    return options
 
 
 @dataclass
@@ -59,31 +34,13 @@ class Change:
 
 
 @dataclass
-class DockerHosts:
+class DockerHosts(DockerEngines):
     """Containers on Docker engines, one per member; an engine per distinct URL."""
 
-    profile: Profile
-    local_engines: tuple[str, ...]  # the local stack's engines, one per local_stack member
     timeout_s: float
     # A host folder that stands in for the members' /sys/class/infiniband in preflight (a
     # machine without RDMA devices); None: each member's own.
     rdma_sysfs: str | None = None
-    _clients: dict[str, Any] = field(default_factory=dict, repr=False)
-    _tunnels: list[Tunnel] = field(default_factory=list, repr=False)
-
-    def engines(self) -> tuple[str, ...]:
-        """Each member's Docker URL: its own, or the local stack's engine."""
-        urls = []
-        for rank, member in enumerate(self.profile.members):
-            local = self.local_engines[rank] if rank < len(self.local_engines) else None
-            url = member.docker or (local if self.profile.local_stack else None)
-            if url is None:
-                raise DeployError(
-                    f"profile {self.profile.name}: members.{rank}.docker: no engine (the local"
-                    f" stack has {len(self.local_engines)})"
-                )
-            urls.append(url)
-        return tuple(urls)
 
     def load(self, key: str, folder) -> Deployment:
         """The launch plans render wrote, by rank, each with its member's engine."""
@@ -97,31 +54,6 @@ class DockerHosts:
         """Where the service answers: rank 0's server."""
         first = deployment.documents[0]
         return f"http://{first['address']}:{first['port']}"
-
-    def client(self, member: MemberHost):
-        """The Docker SDK client of a member's engine (one per URL)."""
-        import docker
-        import docker.errors
-
-        if member.docker not in self._clients:
-            url = member.docker
-            if url.startswith("ssh://"):
-                try:
-                    tunnel = Tunnel(url)
-                except DeployError as err:
-                    raise DeployError(f"member {member.node}: {err}") from None
-                self._tunnels.append(tunnel)
-                url = tunnel.url
-            try:
-                client = docker.DockerClient(base_url=url)
-                client.ping()
-            except docker.errors.DockerException as err:
-                raise DeployUnreachable(
-                    f"member {member.node}: Docker engine {member.docker} unreachable"
-                    f" ({type(err).__name__}); expected a running engine at that URL"
-                ) from None
-            self._clients[member.docker] = client
-        return self._clients[member.docker]
 
     def preflight(
         self, deployment: Deployment, swap_off: bool, min_free: int, lock_sha256: str = ""
@@ -351,15 +283,6 @@ class DockerHosts:
                     f" deployment {key[:16]}"
                 )
         return lines
-
-    def close(self) -> None:
-        """Close the engines' clients and ssh forwards."""
-        for client in self._clients.values():
-            client.close()
-        for tunnel in self._tunnels:
-            tunnel.close()
-        self._clients.clear()
-        self._tunnels.clear()
 
     @staticmethod
     def find(client, name: str):

@@ -5,18 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from pipelines.errors import PipelineError, Unreachable
+from pipelines.errors import DeployError
 
 # The HTTP calls (pipelines/httpjson.py, the bench's too) are imported by the functions that
 # call a member: `doit list` loads this module.
-
-
-class DeployError(PipelineError):
-    """A deployment that did not come up, or a world that would not let it."""
-
-
-class DeployUnreachable(DeployError, Unreachable):
-    """A member's Docker engine or the Kubernetes API server that does not answer at all."""
 
 
 def serves(base_url: str, served_name: str) -> str | None:

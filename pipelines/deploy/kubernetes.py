@@ -14,8 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipelines.deploy.health import DeployError
-from pipelines.deploy.kubeapi import KubeAccess, KubeApi
 from pipelines.deploy.kubeobjects import (
     LAST_APPLIED,
     Change,
@@ -27,7 +25,9 @@ from pipelines.deploy.kubeobjects import (
     with_last_applied,
 )
 from pipelines.deploy.plan import Deployment, one_image, read_documents
+from pipelines.errors import DeployError
 from pipelines.profiles import Profile
+from pipelines.targets.kubeapi import KubeAccess, KubeApi
 
 LOG_LINES = 5
 

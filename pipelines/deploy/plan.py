@@ -9,16 +9,8 @@ from typing import Any
 
 import yaml
 
-from pipelines.deploy.health import DeployError
-
-
-@dataclass(frozen=True)
-class MemberHost:
-    """One member's Docker host as deploy sees it: rank, node and the URL of its engine."""
-
-    rank: int
-    node: str
-    docker: str
+from pipelines.errors import DeployError
+from pipelines.targets.dockerengines import MemberHost
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipelines.deploy.health import DeployError
-from pipelines.deploy.plan import MemberHost
+from pipelines.errors import DeployError
+from pipelines.targets.dockerengines import MemberHost
 
 PLAN_PARENT, PLAN_DIR = "/etc", "sparkforge"  # the plan is /etc/sparkforge/ring-plan.json
 PLAN_FILE = "ring-plan.json"

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pipelines.deploy.health import DeployError, smoke
-from pipelines.deploy.kubeapi import KubeAccess
+from pipelines.deploy.health import smoke
 from pipelines.deploy.plan import Deployment
 from pipelines.deploy.records import (
     DEPLOYED,
@@ -21,11 +20,12 @@ from pipelines.deploy.records import (
     Records,
 )
 from pipelines.deploy.signals import restoring, terminate_as_interrupt
-from pipelines.errors import PipelineError
+from pipelines.errors import DeployError, PipelineError
 from pipelines.site import Site
 from pipelines.stage import Context
 from pipelines.steps import Step, side_task
 from pipelines.targets import target_of
+from pipelines.targets.kubeapi import KubeAccess
 
 if TYPE_CHECKING:
     from pipelines.deploy.backends import Backend
@@ -321,8 +321,8 @@ class Deploy:
         each member's share from S3, the rest from its peers, every file verified."""
         import os
 
-        from pipelines.deploy.plan import MemberHost
         from pipelines.deploy.ringstage import Stagers, s3_environment
+        from pipelines.targets.dockerengines import MemberHost
 
         staging = self.ring_staging
         assert staging is not None

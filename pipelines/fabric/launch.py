@@ -14,16 +14,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pipelines.deploy import (
-    DeployError,
-    DockerHosts,
-    KubeAccess,
-    KubeApi,
-    MemberHost,
-    container_options,
-)
+from pipelines.errors import DeployError
 from pipelines.fabric.expect import FabricError
 from pipelines.profiles import Profile
+from pipelines.targets.dockerengines import DockerEngines, MemberHost, container_options
+from pipelines.targets.kubeapi import KubeAccess, KubeApi
 
 if TYPE_CHECKING:
     from pipelines.fabric.tasks import FabricSettings
@@ -75,7 +70,7 @@ class DockerLauncher:
     """One container per host, from the fabric launch plans, on the members' own engines."""
 
     profile: Profile
-    engines: DockerHosts
+    engines: DockerEngines
 
     def run(self, docs: list[dict[str, Any]], timeout_s: float) -> list[MemberRun]:
         """Start every member (all must be up for the rendezvous), wait, read logs, remove."""
@@ -210,8 +205,7 @@ class KubernetesLauncher:
 
 def docker_launcher(profile: Profile, settings: FabricSettings) -> DockerLauncher:
     """The docker target's launch: a container on each member's own engine."""
-    hosts = DockerHosts(profile, settings.site.docker_hosts, settings.timeout_s)
-    return DockerLauncher(profile, hosts)
+    return DockerLauncher(profile, DockerEngines(profile, settings.site.docker_hosts))
 
 
 def kubernetes_launcher(profile: Profile, settings: FabricSettings) -> KubernetesLauncher:

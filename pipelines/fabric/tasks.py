@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from pipelines.deploy import KubeAccess
 from pipelines.fabric.records import FAILED, PASSED, fabric_refusal, write_result
 from pipelines.profiles import Profile
 from pipelines.site import Site
 from pipelines.stage import Context
 from pipelines.steps import Step, side_task
 from pipelines.targets import load, target_of
+from pipelines.targets.kubeapi import KubeAccess
 
 if TYPE_CHECKING:  # the parser and the checks are imported when a check runs, not at `doit list`
     from pipelines.fabric.expect import Expectations

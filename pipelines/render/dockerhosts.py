@@ -137,7 +137,7 @@ def staged_folders(profile: Profile, model: RenderInputs) -> list[str]:
 def simulator_plans(profile: Profile, image: str, folders: list[str]) -> list[Document]:
     """One launch plan per member of the simulated runtime: the image's own command, SIM_* env.
 
-    MemberHost r listens on port + r: the local stack's engines share this machine's network.
+    Member r listens on port + r: the local stack's engines share this machine's network.
     """
     sim = profile.simulator
     env = {

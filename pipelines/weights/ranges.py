@@ -1,8 +1,8 @@
 """One ranged GET with retries, shared by fetch and lock_weights.
 
 botocore already retries a request that fails before its body starts (connection refused,
-throttling, 5xx: `retries` in s3.CLIENT_CONFIG); it does not retry a body that breaks while
-it streams. So this loop retries only broken bodies, and a failed request is not retried
+throttling, 5xx: `retries` in s3options.MODEL_S3_OPTIONS); it does not retry a body that breaks
+while it streams. So this loop retries only broken bodies, and a failed request is not retried
 again on top of botocore's attempts.
 """
 

@@ -11,9 +11,7 @@ import botocore.config
 import botocore.exceptions
 
 from pipelines.errors import BadInput, PipelineError, Unreachable
-from pipelines.s3options import S3_CLIENT_OPTIONS
-
-CLIENT_CONFIG = {**S3_CLIENT_OPTIONS, "read_timeout": 120}
+from pipelines.s3options import MODEL_S3_OPTIONS
 
 
 @dataclass(frozen=True)
@@ -44,7 +42,7 @@ def s3_client(pool: int = 32):
             "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
             " (for the local profile, `scripts/stack up` provides them)"
         )
-    config = botocore.config.Config(max_pool_connections=pool, **CLIENT_CONFIG)
+    config = botocore.config.Config(max_pool_connections=pool, **MODEL_S3_OPTIONS)
     return session.client("s3", config=config)
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pipelines.deploy.health import DeployError
+from pipelines.errors import DeployError
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
 CONNECT_TIMEOUT_S = 15

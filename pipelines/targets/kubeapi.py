@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pipelines.deploy.health import DeployError, DeployUnreachable
+from pipelines.errors import DeployError, DeployUnreachable
 
 FIELD_MANAGER = "sparkforge"
 APPLY = "application/apply-patch+yaml"
