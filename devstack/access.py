@@ -15,6 +15,7 @@ from devstack.settings import Endpoints, StackError
 
 if TYPE_CHECKING:
     import docker
+    from types_boto3_s3 import S3Client
 
 
 def s3_environment(endpoints: Endpoints, credentials: Mapping[str, str]) -> dict[str, str]:
@@ -53,7 +54,7 @@ def export_ssh_environment(stack_dir: Path | str | None = None) -> None:
         os.environ.setdefault("SPARKFORGE_SSH_KNOWN_HOSTS", endpoints.ssh_known_hosts)
 
 
-def s3_client(endpoints: Endpoints, credentials: Mapping[str, str]):
+def s3_client(endpoints: Endpoints, credentials: Mapping[str, str]) -> S3Client:
     """A boto3 S3 client for the stack's S3 (path-style, checksums only when required)."""
     import boto3
     from botocore.config import Config

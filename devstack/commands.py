@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from devstack import files, processes
 from devstack.engines import engine_answers, ssh_files
@@ -163,7 +164,7 @@ def up(stack_dir: Path | str | None = None) -> Endpoints:
     return endpoints
 
 
-def _ring_endpoints(cfg: Settings, docker_host: str) -> dict:
+def _ring_endpoints(cfg: Settings, docker_host: str) -> dict[str, Any]:
     """The engines by member (the first, then the second over ssh) and the ssh files."""
     files_ = ssh_files(cfg.directory)
     return {

@@ -15,6 +15,8 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from types import FrameType
+from typing import NoReturn
 
 UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 
@@ -113,11 +115,12 @@ def wait_for_bucket(endpoint: str, credentials: Mapping[str, str], log: Path) ->
     import boto3
 
     client = boto3.session.Session().client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1", **{
-            "aws_access_key_id": credentials["AWS_ACCESS_KEY_ID"],
-            "aws_secret_access_key": credentials["AWS_SECRET_ACCESS_KEY"],
-        },
-    )  # fmt: skip
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
+    )
     deadline = time.monotonic() + 90
     try:
         while True:
@@ -143,7 +146,7 @@ def last_line(log: Path) -> str:
     return f"its log ends: {lines[-1]!r}" if lines else "its log is empty"
 
 
-def _terminate(signum, frame):
+def _terminate(signum: int, frame: FrameType | None) -> NoReturn:
     raise KeyboardInterrupt(f"signal {signum}")
 
 

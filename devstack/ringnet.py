@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from devstack.netns import (
     PRIVATE_TMP,
@@ -36,6 +37,9 @@ from devstack.netns import (
     wait_for_bucket,
     weed_argv,
 )
+
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
 from devstack.settings import default_stack_dir
 
 UPLINKS = "10.253.0.0/16"
@@ -68,18 +72,18 @@ class RingNet:
     uplink_rate: str
     link_rate: str | None
     data: Path
-    processes: list[subprocess.Popen] = field(default_factory=list, repr=False)
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
 
     def popen(
-        self, rank: int, argv: Sequence[str], env: Mapping[str, str] | None = None, **kwargs
-    ) -> subprocess.Popen:
+        self, rank: int, argv: Sequence[str], env: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> subprocess.Popen[bytes]:
         """Start argv in member rank's namespace, in a session of its own (killpg it)."""
         command = [shutil.which("ip") or "ip", "netns", "exec", self.members[rank].namespace]
         process = subprocess.Popen([*command, *argv], env=env, start_new_session=True, **kwargs)
         self.processes.append(process)
         return process
 
-    def host_s3(self, credentials: Mapping[str, str]):
+    def host_s3(self, credentials: Mapping[str, str]) -> S3Client:
         """A boto3 client for the ring's S3 from the host (over management: not counted)."""
         import boto3
 
@@ -257,7 +261,7 @@ def start_weed(net: RingNet, credentials: Mapping[str, str]) -> None:
     wait_for_bucket(net.host_endpoint, credentials, log)
 
 
-def stop(processes: list[subprocess.Popen], grace_s: float = 10) -> None:
+def stop(processes: list[subprocess.Popen[bytes]], grace_s: float = 10) -> None:
     """SIGTERM to each process group, SIGKILL to those still there after grace_s in all."""
     for process in processes:
         if process.poll() is None:

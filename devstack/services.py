@@ -64,7 +64,8 @@ class Service:
 
     def endpoint(self, cfg: Settings) -> str:
         """Where this stack's own instance answers."""
-        return getattr(cfg, self.address)
+        endpoint: str = getattr(cfg, self.address)  # address names a str field of Settings
+        return endpoint
 
     def recorded(self, endpoints: Endpoints) -> str | None:
         """Where endpoints.json says it answers; None when that cannot move (docker)."""

@@ -91,7 +91,7 @@ class Explain(DoitCmdBase):
     doc_description = None
     cmd_options = ()
 
-    def _execute(self, pos_args):
+    def _execute(self, pos_args: list[str]) -> int:
         if not pos_args:
             raise InvalidCommand("`explain` needs at least one task name")
         for name in pos_args:

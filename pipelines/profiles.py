@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from msgspec import Meta, field
 
@@ -15,6 +15,7 @@ Name = Annotated[str, Meta(pattern=r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$", max_leng
 Sha256 = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")]
 Count = Annotated[int, Meta(ge=1)]  # sizes and counts: at least one
 Octet = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+S = TypeVar("S")  # a profile section
 IPv4 = Annotated[str, Meta(pattern=rf"^({Octet}\.){{3}}{Octet}$")]
 
 
@@ -22,7 +23,7 @@ class ProfileError(BadInput):
     """A profile that cannot be used, said in one line naming file and field."""
 
 
-class ModelSpec(Strict, kw_only=True):
+class ModelSpec(Strict, frozen=True, kw_only=True):
     """The checkpoint: where it comes from and how it is served."""
 
     lock: Name
@@ -34,14 +35,14 @@ class ModelSpec(Strict, kw_only=True):
     source_secret: Name | None = None
 
 
-class ParallelSpec(Strict):
+class ParallelSpec(Strict, frozen=True):
     """How the model is split across GPUs."""
 
     tensor: Count
     pipeline: Count
 
 
-class ResourcesSpec(Strict):
+class ResourcesSpec(Strict, frozen=True):
     """What each member asks of its node."""
 
     gpu: Count
@@ -49,7 +50,7 @@ class ResourcesSpec(Strict):
     cpu: Annotated[str, Meta(pattern=r"^[0-9]+(\.[0-9]+|m)?$")]
 
 
-class MemberSpec(Strict, kw_only=True):
+class MemberSpec(Strict, frozen=True, kw_only=True):
     """One ring member, in rank order: its node, management plane and model cache claim."""
 
     node: Name
@@ -66,7 +67,7 @@ class MemberSpec(Strict, kw_only=True):
     weights_root: Annotated[str, Meta(pattern=r"^/\S*$")] | None = None
 
 
-class FabricSpec(Strict, kw_only=True):
+class FabricSpec(Strict, frozen=True, kw_only=True):
     """The RoCE data plane of a switchless ring."""
 
     ib_hca: Annotated[list[str], Meta(min_length=1)]
@@ -81,7 +82,7 @@ class FabricSpec(Strict, kw_only=True):
     min_busbw_gbs: Annotated[float, Meta(gt=0)] | None = None
 
 
-class NcclOverlaySpec(Strict):
+class NcclOverlaySpec(Strict, frozen=True):
     """The sparkring NCCL library mounted over the image's pip NCCL on every node."""
 
     host_path: str
@@ -89,7 +90,7 @@ class NcclOverlaySpec(Strict):
     sha256: Sha256 | None = None
 
 
-class KubernetesSpec(Strict, kw_only=True):
+class KubernetesSpec(Strict, frozen=True, kw_only=True):
     """Where a Kubernetes deployment lives: namespace and each member's local model cache."""
 
     namespace: Name
@@ -103,14 +104,14 @@ class KubernetesSpec(Strict, kw_only=True):
     shm_size: Annotated[str, Meta(pattern=r"^[0-9]+(Mi|Gi)$")] = "8Gi"
 
 
-class SpeculativeSpec(Strict):
+class SpeculativeSpec(Strict, frozen=True):
     """DSpark speculative decoding."""
 
     method: Literal["dspark"]
     num_speculative_tokens: Annotated[int, Meta(ge=1, le=8)]
 
 
-class VllmSpec(Strict, kw_only=True):
+class VllmSpec(Strict, frozen=True, kw_only=True):
     """vLLM engine settings."""
 
     gpu_memory_utilization: Annotated[float, Meta(ge=0.1, le=0.99)]
@@ -122,7 +123,7 @@ class VllmSpec(Strict, kw_only=True):
     extra_args: list[str] = []
 
 
-class SglangSpec(Strict, kw_only=True):
+class SglangSpec(Strict, frozen=True, kw_only=True):
     """SGLang engine settings."""
 
     context_length: Count
@@ -136,7 +137,7 @@ class SglangSpec(Strict, kw_only=True):
     extra_args: list[str] = []
 
 
-class SimulatorSpec(Strict, kw_only=True):
+class SimulatorSpec(Strict, frozen=True, kw_only=True):
     """The simulated runtime of the local profile: test equipment with configurable timing."""
 
     port: Annotated[int, Meta(ge=1, le=65535)]
@@ -153,7 +154,7 @@ class SimulatorSpec(Strict, kw_only=True):
     empty_chunks: bool = False
 
 
-class BaselineSpec(Strict, kw_only=True):
+class BaselineSpec(Strict, frozen=True, kw_only=True):
     """One gated metric: its dotted name in the results, value, tolerance and direction."""
 
     metric: Annotated[str, Meta(pattern=r"^(decode\.c[0-9]+|saturation|needles)\.[a-z0-9_]+$")]
@@ -163,7 +164,7 @@ class BaselineSpec(Strict, kw_only=True):
     source: str = ""  # where the number comes from (a measurement, the simulator's settings)
 
 
-class BenchSpec(Strict, kw_only=True):
+class BenchSpec(Strict, frozen=True, kw_only=True):
     """What `doit bench` measures on this profile, and the baseline it must hold."""
 
     # Where the service answers, when the deployment cannot say (Kubernetes: from the runner).
@@ -183,7 +184,7 @@ class BenchSpec(Strict, kw_only=True):
     baseline: list[BaselineSpec] = []
 
 
-class StagingSpec(Strict, kw_only=True):
+class StagingSpec(Strict, frozen=True, kw_only=True):
     """Ring staging of the weights: the members' blob servers and how long a file is awaited."""
 
     port: Annotated[int, Meta(ge=1, le=65535)] = 8098
@@ -193,7 +194,7 @@ class StagingSpec(Strict, kw_only=True):
     image: Name = "weights-stager"
 
 
-class HygieneSpec(Strict):
+class HygieneSpec(Strict, frozen=True):
     """Node settings applied before a group boots."""
 
     swap_off: bool
@@ -201,7 +202,7 @@ class HygieneSpec(Strict):
     min_free_kbytes: Annotated[int, Meta(ge=0)]  # 0: the host's own setting is left as it is
 
 
-class Profile(Strict, kw_only=True):
+class Profile(Strict, frozen=True, kw_only=True):
     """A whole profile: model, image, runtime, members and how they are deployed."""
 
     name: Name
@@ -382,6 +383,14 @@ def option_name(arg: str) -> str:
     return VLLM_SHORT_OPTIONS.get(name[:2], name)
 
 
+def required(section: S | None, field: str, profile: Profile) -> S:
+    """A section the profile's rules guarantee where it is used (the runtime's settings, a
+    ring's fabric, kubernetes for a Kubernetes deploy), or ProfileError naming it."""
+    if section is None:
+        raise ProfileError(f"profile {profile.name}: field {field!r}: required here")
+    return section
+
+
 def profile_path(name: str, folder: Path = PROFILES_DIR) -> Path:
     """The YAML file of a profile name."""
     return folder / f"{name}.yaml"
@@ -392,7 +401,7 @@ def available_profiles(folder: Path = PROFILES_DIR) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml"))
 
 
-def load_profile(name: str, folder: Path = PROFILES_DIR) -> None:
+def load_profile(name: str, folder: Path = PROFILES_DIR) -> Profile:
     """Read and validate one profile, or raise ProfileError with one line."""
     path = profile_path(name, folder)
     if not path.is_file():
@@ -401,7 +410,7 @@ def load_profile(name: str, folder: Path = PROFILES_DIR) -> None:
     return parse_profile(path)
 
 
-def parse_profile(path: Path) -> None:
+def parse_profile(path: Path) -> Profile:
     """Validate the YAML file at path as a profile."""
     profile = load_yaml_model(path, Profile, ProfileError)
     if profile.name != path.stem:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import TextIO
+from typing import Protocol, TextIO
 
 from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
+    TaskID,
     TextColumn,
     TimeRemainingColumn,
     TransferSpeedColumn,
@@ -31,6 +32,16 @@ def eta(seconds: float | None) -> str:
         return "?"
     s = int(seconds)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+class ProgressSink(Protocol):
+    """What long work reports its bytes to: a Progress, or NoProgress."""
+
+    def advance(self, name: str, n: int) -> None:
+        """Count n more bytes of the named file."""
+
+    def close(self) -> None:
+        """Stop showing."""
 
 
 class Progress:
@@ -64,7 +75,7 @@ class Progress:
                 console=Console(file=stream),
                 transient=False,
             )
-            self._tasks = {None: self._rich.add_task(label, total=total)}
+            self._tasks: dict[str | None, TaskID] = {None: self._rich.add_task(label, total=total)}
             for name, size in self.sizes.items():
                 self._tasks[name] = self._rich.add_task(f"  {name}", total=size)
             self._rich.start()
@@ -116,7 +127,7 @@ class Progress:
 class NoProgress:
     """A Progress that shows nothing (for timing runs and tests)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: object, **kwargs: object) -> None:
         pass
 
     def advance(self, name: str, n: int) -> None:

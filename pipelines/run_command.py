@@ -34,7 +34,7 @@ def exit_code(doit_code: int, failures: list[Any]) -> int:
 def keeping_failures(reporter: type, failures: list[Any]) -> type:
     """The reporter class, also appending every failure it is told of to failures."""
 
-    class Keeping(reporter):  # type: ignore[misc, valid-type]  # any of doit's reporters
+    class Keeping(reporter):  # any of doit's reporters
         def add_failure(self, task: Any, fail: Any) -> None:
             failures.append(fail)
             super().add_failure(task, fail)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
@@ -18,13 +19,16 @@ from pipelines.errors import PipelineError
 
 M = TypeVar("M", bound="Strict")
 # libyaml's parser where PyYAML was built with it: a 54-file lock parses ~10x faster.
-FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+try:
+    from yaml import CSafeLoader as FastLoader
+except ImportError:  # PyYAML without libyaml: the same loader, in Python
+    from yaml import SafeLoader as FastLoader  # type: ignore[assignment]
 
 
-class UniqueKeyLoader(FAST_LOADER):
+class UniqueKeyLoader(FastLoader):
     """The safe loader, refusing a key given twice in a mapping (YAML keeps the last, silently)."""
 
-    def construct_mapping(self, node, deep=False):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
         """The mapping, or a ConstructorError at the second occurrence of a key."""
         seen = set()
         for key_node, _ in node.value:
@@ -91,6 +95,7 @@ def load_yaml_model(path: Path, model: type[M], error: type[PipelineError] = Pip
 def describe_error(message: str, model: type[Strict], data: Any = None) -> str:
     """msgspec's error as 'field X: what was expected', the field dotted from the top."""
     match = WHERE.match(message)
+    assert match is not None  # the pattern matches any text (everything after is optional)
     what, loc = match["what"], parse_path(match["path"] or "")
     loc = name_mapping_keys(loc, what, data)
     if unknown := UNKNOWN.match(what):

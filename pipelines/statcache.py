@@ -72,7 +72,8 @@ class StatCache:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             self._local.db, self._local.pid = db, os.getpid()
-        return self._local.db
+        db_now: sqlite3.Connection = self._local.db
+        return db_now
 
     def lookup(self, path: Path, st: os.stat_result) -> str | None:
         """The cached digest for path if its stat fields are unchanged, else None."""
@@ -85,7 +86,8 @@ class StatCache:
             .fetchone()
         )
         if row and tuple(row[:5]) == stat_key(st):
-            return row[5]
+            digest: str = row[5]
+            return digest
         return None
 
     def record(
@@ -187,7 +189,7 @@ class StatCache:
         root = Path(root).absolute()
         skip = set(exclude)
         files: list[Path] = []
-        entries: list[list] = []
+        entries: list[tuple[str, str, str | Path]] = []  # (path, kind, link target or file)
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = sorted(d for d in dirnames if d not in skip)
             for name in sorted(filenames):
@@ -196,14 +198,15 @@ class StatCache:
                 path = Path(dirpath, name)
                 rel = path.relative_to(root).as_posix()
                 if path.is_symlink():
-                    entries.append([rel, "link", os.readlink(path)])
+                    entries.append((rel, "link", os.readlink(path)))
                 else:
                     files.append(path)
                     executable = bool(os.stat(path).st_mode & 0o111)
-                    entries.append([rel, "x" if executable else "f", path])
+                    entries.append((rel, "x" if executable else "f", path))
         digests = self.digest_files(files)
         listing = [
-            [rel, kind, digests[ref] if kind != "link" else ref] for rel, kind, ref in entries
+            [rel, kind, digests[ref] if isinstance(ref, Path) else ref]
+            for rel, kind, ref in entries
         ]
         digest = hashlib.sha256(canonical_json(sorted(listing))).hexdigest()
         return digest, {rel: value for rel, _, value in sorted(listing)}

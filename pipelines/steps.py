@@ -26,7 +26,9 @@ from pipelines.store import Store
 class Cache(Protocol):
     """Where a step's output lives once complete: the store, a registry, a remote cache."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """What explain and the messages call it."""
 
     def has(self, key: str) -> bool:
         """True when complete output for key is there."""
@@ -282,13 +284,14 @@ def as_doit_action(work: Callable[[], Any]) -> Callable[[], Any]:
     Stages turn their services' errors into PipelineError; OSError is the disk's own.
     """
 
-    def action():
+    def action() -> StepFailed | None:
         try:
             work()
         except PipelineError as err:
             return StepFailed(str(err), err.exit_code)
         except OSError as err:
             return StepFailed(f"{type(err).__name__}: {err}", PipelineError.exit_code)
+        return None  # doit: the action succeeded
 
     return action
 

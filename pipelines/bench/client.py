@@ -9,7 +9,7 @@ from typing import Any
 import urllib3
 
 from pipelines.bench.record import Event, RequestRecord
-from pipelines.bench.sse import DONE, EventBuffer, read_chunk
+from pipelines.bench.sse import DONE, Chunk, EventBuffer, read_chunk
 from pipelines.httpjson import http_pool
 
 STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
@@ -55,7 +55,7 @@ def stream_chat(base_url: str, body: dict[str, Any], timeout: float) -> RequestR
     return record
 
 
-def finish_response(response, clean: bool) -> None:
+def finish_response(response: urllib3.BaseHTTPResponse, clean: bool) -> None:
     """Give the connection back only when its body was read to the end, else close it.
 
     After [DONE] the chunked body still has its last, empty chunk on the wire: a connection
@@ -71,7 +71,9 @@ def finish_response(response, clean: bool) -> None:
     response.release_conn()
 
 
-def read_stream(response, record: RequestRecord, origin: float, deadline: float) -> bool:
+def read_stream(
+    response: urllib3.BaseHTTPResponse, record: RequestRecord, origin: float, deadline: float
+) -> bool:
     """Read SSE events into record until [DONE]; a cut, an error body or the deadline fails it.
 
     True when the stream ended as it should ([DONE]), so the connection can be kept.
@@ -100,7 +102,7 @@ def read_stream(response, record: RequestRecord, origin: float, deadline: float)
     return done
 
 
-def take_chunk(record: RequestRecord, chunk, now: float) -> None:
+def take_chunk(record: RequestRecord, chunk: Chunk, now: float) -> None:
     """Add one chunk's arrival and content to the record."""
     usage = chunk.usage or {}
     tokens = usage.get("completion_tokens")

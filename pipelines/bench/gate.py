@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipelines.profiles import BaselineSpec
+
 
 def metric_value(results: dict[str, Any], metric: str) -> float | None:
     """A metric by its dotted name: decode.c8.median_window_tok_s, saturation.output_throughput."""
@@ -22,7 +24,7 @@ def metric_value(results: dict[str, Any], metric: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def entry_failure(results: dict[str, Any], entry: Any) -> str | None:
+def entry_failure(results: dict[str, Any], entry: BaselineSpec) -> str | None:
     """The gate's line for one baseline metric (not measured, or regressed); None when it holds."""
     measured = metric_value(results, entry.metric)
     if measured is None:
@@ -38,12 +40,12 @@ def entry_failure(results: dict[str, Any], entry: Any) -> str | None:
     )
 
 
-def check_baseline(results: dict[str, Any], baseline: list[Any]) -> list[str]:
+def check_baseline(results: dict[str, Any], baseline: list[BaselineSpec]) -> list[str]:
     """One line per regression (metric, measured, baseline, by how much); empty when it passes."""
     return [line for entry in baseline if (line := entry_failure(results, entry))]
 
 
-def regressed(results: dict[str, Any], baseline: list[Any]) -> bool:
+def regressed(results: dict[str, Any], baseline: list[BaselineSpec]) -> bool:
     """True when a metric the run measured is worse than its baseline's tolerance allows."""
     return any(
         metric_value(results, entry.metric) is not None and entry_failure(results, entry)
@@ -51,7 +53,7 @@ def regressed(results: dict[str, Any], baseline: list[Any]) -> bool:
     )
 
 
-def measured_all(results: dict[str, Any], baseline: list[Any]) -> bool:
+def measured_all(results: dict[str, Any], baseline: list[BaselineSpec]) -> bool:
     """True when the server answered, every cell ran whole and every gated metric has a value:
     only then is the gate a verdict on the deployment rather than on the measurement."""
     probes = results.get("probes") or []
@@ -64,7 +66,7 @@ def measured_all(results: dict[str, Any], baseline: list[Any]) -> bool:
     )
 
 
-def gate_rows(results: dict[str, Any], baseline: list[Any]) -> list[dict[str, Any]]:
+def gate_rows(results: dict[str, Any], baseline: list[BaselineSpec]) -> list[dict[str, Any]]:
     """Every baseline metric with its measured value and change, for the report."""
     rows = []
     for entry in baseline:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def plot_results(results: dict[str, Any], folder: Path) -> list[Path]:
@@ -54,7 +57,7 @@ def plot_results(results: dict[str, Any], folder: Path) -> list[Path]:
     return written
 
 
-def save(fig, path: Path) -> Path:
+def save(fig: Figure, path: Path) -> Path:
     """Save a figure under a temporary name, then rename: no half-written PNG."""
     partial = path.with_suffix(".partial.png")
     fig.savefig(partial, dpi=110)

@@ -12,7 +12,7 @@ import urllib3
 from pipelines.bench.client import stream_chat
 from pipelines.httpjson import get_json
 
-WEATHER_TOOL = {
+WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -39,7 +39,9 @@ class Probe:
         return asdict(self)
 
 
-def chat(model: str, prompt: str, max_tokens: int, thinking: bool = False, **extra) -> dict:
+def chat(
+    model: str, prompt: str, max_tokens: int, thinking: bool = False, **extra: Any
+) -> dict[str, Any]:
     """A greedy chat completion body with thinking set explicitly (both template spellings)."""
     return {
         "model": model,
@@ -57,7 +59,10 @@ def probe_models(base_url: str, model: str, min_context: int) -> tuple[Probe, in
         status, body = get_json(f"{base_url}/v1/models")
     except urllib3.exceptions.HTTPError as err:
         return Probe("models", False, f"unreachable: {type(err).__name__}"), None
-    cards = {c.get("id"): c for c in (body or {}).get("data", []) if isinstance(c, dict)}
+    # Keyed by the id the server gives (JSON: whatever it sent).
+    cards: dict[Any, dict[str, Any]] = {
+        c.get("id"): c for c in (body or {}).get("data", []) if isinstance(c, dict)
+    }
     if status != 200 or model not in cards:
         return Probe("models", False, f"HTTP {status}; served: {sorted(cards)}"), None
     context = cards[model].get("max_model_len")

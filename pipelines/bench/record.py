@@ -19,7 +19,7 @@ class Event:
     carries: bool
     content: bool = False
 
-    def as_row(self) -> list:
+    def as_row(self) -> list[float | int | bool | None]:
         """The compact JSON form: [t, tokens, carries, content]."""
         return [round(self.t, 6), self.tokens, self.carries, self.content]
 

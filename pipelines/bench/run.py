@@ -11,6 +11,7 @@ from pipelines.bench.gate import check_baseline, gate_rows
 from pipelines.bench.load import Cell, CellSpec, run_cell
 from pipelines.bench.needles import FILLER, run_needle
 from pipelines.bench.probes import run_probes
+from pipelines.profiles import BaselineSpec, BenchSpec
 
 CODE_TASK = (
     "Write a complete Python module that implements a thread-safe LRU cache with time-based "
@@ -18,7 +19,7 @@ CODE_TASK = (
 )
 
 
-def sweep_body(model: str, prompt_tokens: int, max_tokens: int) -> Callable[[int], dict]:
+def sweep_body(model: str, prompt_tokens: int, max_tokens: int) -> Callable[[int], dict[str, Any]]:
     """Greedy code generation, thinking off, exactly max_tokens out; a fresh nonce per request."""
     # prompt_tokens words in all (the exact count is the server's, recorded from usage).
     words, fixed = FILLER.split(), len(CODE_TASK.split()) + 1  # + the nonce
@@ -60,7 +61,9 @@ def cell_line(cell: Cell) -> str:
     return f"{cell.name}: " + "; ".join(parts)
 
 
-def run_bench(base_url: str, model: str, min_context: int, bench, provenance: dict) -> dict:
+def run_bench(
+    base_url: str, model: str, min_context: int, bench: BenchSpec, provenance: dict[str, Any]
+) -> dict[str, Any]:
     """Measure everything the profile's bench section asks; the results dict (not yet gated)."""
     timeout = bench.request_timeout_s
     results: dict[str, Any] = {"schema": 1, "provenance": provenance, "failures": []}
@@ -104,7 +107,7 @@ def run_bench(base_url: str, model: str, min_context: int, bench, provenance: di
     return results
 
 
-def gate(results: dict, baseline: list) -> dict:
+def gate(results: dict[str, Any], baseline: list[BaselineSpec]) -> dict[str, Any]:
     """Add the gate to the results: its rows and its failures (write_results sets the verdict)."""
     results["gate"] = gate_rows(results, baseline)
     results["failures"] += check_baseline(results, baseline)

@@ -37,11 +37,11 @@ class Timing:
 
 def token_arrivals(record: RequestRecord) -> tuple[list[float], str]:
     """The arrival time of every output token of a request, and how it was found."""
-    counted = [e for e in record.events if e.tokens is not None]
+    counted = [(e.t, e.tokens) for e in record.events if e.tokens is not None]
     if counted and all(e.tokens is not None for e in record.events if e.carries):
         arrivals: list[float] = []
-        for event in counted:
-            arrivals += [event.t] * max(0, event.tokens - len(arrivals))
+        for t, tokens in counted:
+            arrivals += [t] * max(0, tokens - len(arrivals))
         return arrivals, CONTINUOUS
     carrying = [e for e in record.events if e.carries]
     if record.completion_tokens and carrying:

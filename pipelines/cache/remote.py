@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -24,9 +24,12 @@ from pipelines.cache.entries import EntryFile, Refused, check_entry, make_entry,
 from pipelines.errors import BadInput, PipelineError
 from pipelines.s3options import S3_CLIENT_OPTIONS
 
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
+
 CHUNK = 1 << 20
 WORKERS = 8
-CLIENT_CONFIG = {**S3_CLIENT_OPTIONS, "read_timeout": 60}
+CLIENT_CONFIG: dict[str, Any] = {**S3_CLIENT_OPTIONS, "read_timeout": 60}
 
 
 def parse_url(url: str) -> tuple[str, str]:
@@ -87,7 +90,7 @@ class RemoteCache:
         return self.signer is not None and not self.readonly
 
     @cached_property
-    def client(self):
+    def client(self) -> S3Client:
         """A boto3 S3 client from the standard AWS chain (made on first use)."""
         import boto3
         import botocore.config

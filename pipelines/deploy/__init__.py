@@ -6,16 +6,20 @@ the targets (pipelines/targets/dockerengines.py, kubeapi.py), not here.
 """
 
 from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from pipelines.deploy.tasks import Deploy, DeploySettings, RingStaging
+
+if TYPE_CHECKING:
+    from pipelines.deploy.dockerhosts import DockerHosts
 
 # name -> module under pipelines.deploy that defines it, imported when first asked for.
 LAZY = {"DockerHosts": "dockerhosts"}
 
-__all__ = ["Deploy", "DeploySettings", "RingStaging", *LAZY]
+__all__ = ["Deploy", "DeploySettings", "DockerHosts", "RingStaging"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:  # PEP 562: the name's own type (TYPE_CHECKING above)
     """A lazily exported name (PEP 562)."""
     if name not in LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

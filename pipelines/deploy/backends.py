@@ -17,6 +17,13 @@ from pipelines.targets.kubeapi import KubeAccess
 class Backend(Protocol):
     """Preflight, apply, wait for health, read what runs, restore what was there."""
 
+    # True: every change is a server-side dry run, nothing is applied (only the Kubernetes API
+    # has one; SPARKFORGE_KUBE_DRY_RUN asks for it).
+    dry_run: bool
+
+    def engines(self) -> tuple[str, ...]:
+        """Each member's Docker URL, by rank (none for a cluster: it uses no local engine)."""
+
     def load(self, key: str, folder: Path) -> Deployment:
         """The deployment a render step wrote into folder, under its key."""
 

@@ -6,6 +6,8 @@ import contextlib
 import functools
 import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pipelines.deploy import preflight
 from pipelines.deploy.health import wait_until_serving
@@ -13,6 +15,10 @@ from pipelines.deploy.plan import Deployment, one_image, read_documents
 from pipelines.deploy.preflight import member_needs
 from pipelines.errors import DeployError
 from pipelines.targets.dockerengines import DockerEngines, MemberHost, container_options
+
+if TYPE_CHECKING:
+    from docker import DockerClient
+    from docker.models.containers import Container
 
 KEY_LABEL = "dev.sparkforge.deployment"
 PROFILE_LABEL = "dev.sparkforge.profile"
@@ -38,11 +44,12 @@ class DockerHosts(DockerEngines):
     """Containers on Docker engines, one per member; an engine per distinct URL."""
 
     timeout_s: float
+    dry_run = False  # Docker engines have no dry run
     # A host folder that stands in for the members' /sys/class/infiniband in preflight (a
     # machine without RDMA devices); None: each member's own.
     rdma_sysfs: str | None = None
 
-    def load(self, key: str, folder) -> Deployment:
+    def load(self, key: str, folder: Path) -> Deployment:
         """The launch plans render wrote, by rank, each with its member's engine."""
         plans = sorted(
             (body for _, body in read_documents(folder, "launch-*.yaml")), key=lambda p: p["rank"]
@@ -95,7 +102,7 @@ class DockerHosts(DockerEngines):
         overlay = self.profile.sglang.nccl_overlay if self.profile.sglang else None
         return found + preflight.nccl_disagreements(nccl, overlay.sha256 if overlay else None)
 
-    def pull(self, client, member: MemberHost, image: str) -> None:
+    def pull(self, client: DockerClient, member: MemberHost, image: str) -> None:
         """Have the member's engine hold the image (pulled by digest when missing)."""
         import docker.errors
 
@@ -167,7 +174,11 @@ class DockerHosts(DockerEngines):
             print(f"deploy: {', '.join(done)} on member {member.node}")
 
     def _apply_member(
-        self, deployment: Deployment, member: MemberHost, plan: dict, changes: list[Change]
+        self,
+        deployment: Deployment,
+        member: MemberHost,
+        plan: dict[str, Any],
+        changes: list[Change],
     ) -> None:
         """Run the plan on one member, recording each step in changes as it happens."""
         import docker.errors
@@ -216,7 +227,7 @@ class DockerHosts(DockerEngines):
             except DeployError as err:
                 raise DeployError(f"member {member.node} on {member.docker}: {err}") from None
 
-    def _gone(self, client, name: str) -> str | None:
+    def _gone(self, client: DockerClient, name: str) -> str | None:
         """Why the member's container is not running any more, with its last log lines."""
         container = self.find(client, name)
         if container is None:
@@ -285,7 +296,7 @@ class DockerHosts(DockerEngines):
         return lines
 
     @staticmethod
-    def find(client, name: str):
+    def find(client: DockerClient, name: str) -> Container | None:
         import docker.errors
 
         with contextlib.suppress(docker.errors.NotFound):

@@ -40,7 +40,8 @@ def previous_config(current: dict[str, Any]) -> dict[str, Any]:
     meta = current.get("metadata", {})
     kept = meta.get("annotations", {}).get(LAST_APPLIED)
     if kept:
-        return json.loads(kept)
+        last: dict[str, Any] = json.loads(kept)
+        return last
     config = {k: v for k, v in current.items() if k != "status"}
     config["metadata"] = {k: v for k, v in meta.items() if k not in SERVER_METADATA}
     return config
@@ -48,9 +49,10 @@ def previous_config(current: dict[str, Any]) -> dict[str, Any]:
 
 def phase_of(doc: dict[str, Any]) -> str:
     """The apply phase of a document; Jobs running the same container are one phase."""
-    kind = doc["kind"]
+    kind: str = doc["kind"]
     if kind == "Job":
-        return "jobs " + doc["spec"]["template"]["spec"]["containers"][0]["name"]
+        container: str = doc["spec"]["template"]["spec"]["containers"][0]["name"]
+        return "jobs " + container
     if kind in ("ConfigMap", "PersistentVolume", "PersistentVolumeClaim"):
         return "caches"
     return kind

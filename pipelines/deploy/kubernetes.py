@@ -9,6 +9,7 @@ delete what did not exist.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,8 +27,8 @@ from pipelines.deploy.kubeobjects import (
 )
 from pipelines.deploy.plan import Deployment, one_image, read_documents
 from pipelines.errors import DeployError
-from pipelines.profiles import Profile
-from pipelines.targets.kubeapi import KubeAccess, KubeApi
+from pipelines.profiles import Profile, required
+from pipelines.targets.kubeapi import KubeAccess, KubeApi, Resource
 
 LOG_LINES = 5
 
@@ -41,7 +42,11 @@ class Kubernetes:
     """llmkube objects on one cluster, through its API server (the kubeconfig's)."""
 
     def __init__(
-        self, profile: Profile, local_engines: Any, timeout_s: float, kube: KubeAccess | None = None
+        self,
+        profile: Profile,
+        local_engines: tuple[str, ...],
+        timeout_s: float,
+        kube: KubeAccess | None = None,
     ):
         # local_engines: the local stack's Docker engines, which a cluster does not use.
         self.profile = profile
@@ -49,6 +54,10 @@ class Kubernetes:
         self.kube = kube or KubeAccess()
         self.dry_run = self.kube.dry_run
         self._api: KubeApi | None = None
+
+    def engines(self) -> tuple[str, ...]:
+        """None: the cluster's nodes run the members, not Docker engines named here."""
+        return ()
 
     @property
     def api(self) -> KubeApi:
@@ -81,7 +90,7 @@ class Kubernetes:
         """None: the profile does not say where the service answers from this runner."""
         return None
 
-    def _resource(self, doc: dict[str, Any]):
+    def _resource(self, doc: dict[str, Any]) -> Resource:
         return self.api.resource(doc["apiVersion"], doc["kind"])
 
     def preflight(
@@ -94,7 +103,7 @@ class Kubernetes:
         lock_sha256 neither: the operator fills the caches from the Model's source."""
         if "@sha256:" not in deployment.image:
             return [f"image {deployment.image}: expected pinned by digest (@sha256:...)"]
-        namespace = self.profile.kubernetes.namespace
+        namespace = required(self.profile.kubernetes, "kubernetes", self.profile).namespace
         try:
             if self.api.get(self.api.resource("v1", "Namespace"), namespace) is None:
                 return [
@@ -146,8 +155,9 @@ class Kubernetes:
 
     @staticmethod
     def _differs(current: dict[str, Any], body: dict[str, Any]) -> bool:
-        ours = body["metadata"]["annotations"][LAST_APPLIED]
-        return current["metadata"].get("annotations", {}).get(LAST_APPLIED) != ours
+        ours: str = body["metadata"]["annotations"][LAST_APPLIED]
+        theirs: str | None = current["metadata"].get("annotations", {}).get(LAST_APPLIED)
+        return theirs != ours
 
     def apply(self, deployment: Deployment) -> list[Change]:
         """Apply phase by phase, waiting for each; the changes so far ride on any exception
@@ -216,7 +226,7 @@ class Kubernetes:
             raise DeployError(f"{doc['kind']}/{meta['name']}: gone while waiting for it")
         return found
 
-    def _wait_gone(self, resource, name: str, namespace: str | None) -> None:
+    def _wait_gone(self, resource: Resource, name: str, namespace: str | None) -> None:
         def pending() -> str | None:
             return None if self.api.get(resource, name, namespace) is None else "still there"
 
@@ -230,7 +240,7 @@ class Kubernetes:
             for doc in docs:
                 self._poll(
                     f"Model/{doc['metadata']['name']}",
-                    lambda d=doc: self._model(d),
+                    functools.partial(self._model, doc),
                     self.kube.stage_timeout_s,
                 )
         elif name.startswith("jobs "):
@@ -284,7 +294,7 @@ class Kubernetes:
                 continue
             members = len(doc["spec"].get("multiNode", {}).get("members", [])) or 1
 
-            def pending(doc=doc, members=members) -> str | None:
+            def pending(doc: dict[str, Any] = doc, members: int = members) -> str | None:
                 state, said = service_state(self._get(doc), members)
                 if state == "Failed":
                     raise DeployError(f"InferenceService/{doc['metadata']['name']} failed: {said}")

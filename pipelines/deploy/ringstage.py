@@ -15,10 +15,13 @@ import queue
 import tarfile
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines.errors import DeployError
 from pipelines.targets.dockerengines import MemberHost
+
+if TYPE_CHECKING:
+    from pipelines.deploy.dockerhosts import DockerHosts
 
 PLAN_PARENT, PLAN_DIR = "/etc", "sparkforge"  # the plan is /etc/sparkforge/ring-plan.json
 PLAN_FILE = "ring-plan.json"
@@ -81,8 +84,8 @@ def plan_archive(plan_json: str) -> bytes:
 class Stagers:
     """The staging containers of one ring: created, started, followed, then removed."""
 
-    def __init__(self, hosts: Any, profile: str, say: Callable[[str], None] = print):
-        self.hosts = hosts  # the DockerHosts backend: a client per member engine, pulls
+    def __init__(self, hosts: DockerHosts, profile: str, say: Callable[[str], None] = print):
+        self.hosts = hosts  # a client per member engine, pulls
         self.profile = profile
         self.say = say
         self.started: list[tuple[MemberHost, Any]] = []

@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any, NoReturn
 
 STOPPING = (signal.SIGTERM, signal.SIGHUP)
 
@@ -24,12 +26,12 @@ class Terminated(BaseException):
     """SIGTERM or SIGHUP arrived: stop as Ctrl-C stops (a BaseException, as KeyboardInterrupt)."""
 
 
-def _raise_terminated(signum, frame) -> None:
+def _raise_terminated(signum: int, frame: FrameType | None) -> NoReturn:
     raise Terminated(signal.Signals(signum).name)
 
 
 @contextlib.contextmanager
-def _handled(handler) -> Iterator[None]:
+def _handled(handler: Callable[[int, FrameType | None], Any] | signal.Handlers) -> Iterator[None]:
     """STOPPING signals go to handler within (main thread only: elsewhere none can be set)."""
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -142,7 +142,7 @@ class Deploy:
         """The sha256 of the profile's lock file."""
         return hashlib.sha256(self.lock_file.read_bytes()).hexdigest()
 
-    def _record(self, deployment: Deployment, outcome: str, started: float, **extra) -> None:
+    def _record(self, deployment: Deployment, outcome: str, started: float, **extra: Any) -> None:
         lock_sha = self._lock_sha256()
         self.records.write(
             {
@@ -159,11 +159,11 @@ class Deploy:
             }
         )
 
-    def _roll_out(self, deployment: Deployment, started: float) -> list:
+    def _roll_out(self, deployment: Deployment, started: float) -> list[Any]:
         """Apply, wait, smoke; on any failure (Ctrl-C, SIGTERM too) put the previous containers
         back."""
         served = self.profile.model.served_name
-        changes: list = []
+        changes: list[Any] = []  # the backend's own change records, handed back to restore
         try:
             changes = self.backend.apply(deployment)
             self.backend.wait(deployment, served)
@@ -233,7 +233,7 @@ class Deploy:
 
     def _dry_run_possible(self) -> None:
         """A dry run is asked for only where the backend has one (the API server's)."""
-        if self.settings.kube.dry_run and not getattr(self.backend, "dry_run", False):
+        if self.settings.kube.dry_run and not self.backend.dry_run:
             raise DeployError(
                 f"profile {self.profile.name}: a server dry run was asked for"
                 f" (SPARKFORGE_KUBE_DRY_RUN) but deploy {self.profile.deploy!r} has none"
@@ -321,40 +321,37 @@ class Deploy:
         each member's share from S3, the rest from its peers, every file verified."""
         import os
 
+        from pipelines.deploy.dockerhosts import DockerHosts
         from pipelines.deploy.ringstage import Stagers, s3_environment
         from pipelines.targets.dockerengines import MemberHost
 
-        staging = self.ring_staging
-        assert staging is not None
+        staging, hosts = self.ring_staging, self.backend
+        # The task exists only where the target stages by containers on Docker hosts.
+        assert staging is not None and isinstance(hosts, DockerHosts)
         env = s3_environment(os.environ)
         image, plan = staging.image(), staging.plan()
         members = [
             MemberHost(rank, m.node, url)
-            for rank, (m, url) in enumerate(
-                zip(self.profile.members, self.backend.engines(), strict=True)
-            )
+            for rank, (m, url) in enumerate(zip(self.profile.members, hosts.engines(), strict=True))
         ]
         started = time.monotonic()
-        Stagers(self.backend, self.profile.name).run(
+        Stagers(hosts, self.profile.name).run(
             members, image, plan, staging.roots(), staging.model_folder(), env
         )
         took = time.monotonic() - started
         print(f"stage_ring: {len(members)} members staged and verified in {took:.1f} s")
 
-    def _backend_built(self, work):
-        """work, or one line saying this profile's backend does not exist yet."""
+    def _backend_built(self, work: Callable[[], None]) -> Callable[[], None]:
+        """work, with the profile's backend made first (every target has one) and closed after;
+        SIGTERM stops it as Ctrl-C does."""
 
-        def run():
-            if self.backend is None:
-                raise DeployError(
-                    f"profile {self.profile.name}: deploy {self.profile.deploy!r} has no backend"
-                    " yet; its manifests are rendered by `doit render`"
-                )
+        def run() -> None:
+            backend = self.backend
             try:
                 with terminate_as_interrupt():
                     work()
             finally:
-                self.backend.close()
+                backend.close()
 
         return run
 

@@ -18,9 +18,12 @@ from pipelines.errors import DeployError
 from pipelines.fabric.expect import FabricError
 from pipelines.profiles import Profile
 from pipelines.targets.dockerengines import DockerEngines, MemberHost, container_options
-from pipelines.targets.kubeapi import KubeAccess, KubeApi
+from pipelines.targets.kubeapi import KubeAccess, KubeApi, Resource
 
 if TYPE_CHECKING:
+    from docker import DockerClient
+    from docker.models.containers import Container
+
     from pipelines.fabric.tasks import FabricSettings
 
 LABEL = "dev.sparkforge.fabric"
@@ -103,7 +106,7 @@ class DockerLauncher:
                     container.remove(force=True)
 
     @staticmethod
-    def _wait(member: MemberHost, container, deadline: float) -> MemberRun:
+    def _wait(member: MemberHost, container: Container, deadline: float) -> MemberRun:
         """The member's exit status (None past the deadline) and its whole log."""
         import requests
 
@@ -115,7 +118,7 @@ class DockerLauncher:
         return MemberRun(member.rank, member.node, status, log)
 
     @staticmethod
-    def _remove(client, name: str) -> None:
+    def _remove(client: DockerClient, name: str) -> None:
         """A leftover of an interrupted check, removed before starting again."""
         import docker.errors
 
@@ -162,7 +165,7 @@ class KubernetesLauncher:
                     pass  # reported above; the next run deletes it first
             api.close()
 
-    def _gone(self, api: KubeApi, resource, doc: dict, deadline: float) -> None:
+    def _gone(self, api: KubeApi, resource: Resource, doc: dict[str, Any], deadline: float) -> None:
         """Wait until a deleted Job is gone, so the apply creates a new one."""
         meta = doc["metadata"]
         while api.get(resource, meta["name"], meta["namespace"]) is not None:
@@ -170,7 +173,7 @@ class KubernetesLauncher:
                 raise FabricError(f"fabric: Job {meta['name']} still there 60 s after delete")
             time.sleep(self.access.poll_s)
 
-    def _wait(self, api: KubeApi, job: dict, rank: int, deadline: float) -> MemberRun:
+    def _wait(self, api: KubeApi, job: dict[str, Any], rank: int, deadline: float) -> MemberRun:
         """The Job's outcome (0 complete, 1 failed, None past the deadline) and its pod's log."""
         meta = job["metadata"]
         jobs = api.resource("batch/v1", "Job")
@@ -189,7 +192,7 @@ class KubernetesLauncher:
         return MemberRun(rank, node, status, self._log(api, meta))
 
     @staticmethod
-    def _log(api: KubeApi, meta: dict) -> str:
+    def _log(api: KubeApi, meta: dict[str, Any]) -> str:
         """The newest pod's log of a Job."""
         pods = api.resource("v1", "Pod")
         found = api.list(pods, meta["namespace"], f"job-name={meta['name']}")
@@ -198,7 +201,8 @@ class KubernetesLauncher:
         newest = max(found, key=lambda p: p["metadata"].get("creationTimestamp", ""))
         path = pods.path(newest["metadata"]["name"], meta["namespace"]) + "/log"
         try:
-            return api.request("GET", path, text=True)
+            log: str = api.request("GET", path, text=True)
+            return log
         except DeployError as err:
             return f"(no log: {err})"
 

@@ -171,7 +171,7 @@ def add_log(log: NcclLog, text: str, host: str = "") -> NcclLog:
                     int(m["size"]),
                     min(float(m["algbw"]), float(m["ip_algbw"])),
                     busbw,
-                    None if None in wrong else sum(wrong),
+                    None if None in wrong else sum(w for w in wrong if w is not None),
                 )
             )
         elif m := AVG_BUSBW.match(line):

@@ -20,6 +20,7 @@ from pipelines.targets.kubeapi import KubeAccess
 
 if TYPE_CHECKING:  # the parser and the checks are imported when a check runs, not at `doit list`
     from pipelines.fabric.expect import Expectations
+    from pipelines.fabric.launch import Launcher, MemberRun
     from pipelines.fabric.nccllog import NcclLog
 
 # A 1 GiB sweep at the Socket fallback's ~3 GB/s takes minutes; a hung rendezvous takes forever.
@@ -48,9 +49,10 @@ def fabric_documents(folder: Path) -> list[dict[str, Any]]:
     return sorted(docs, key=lambda d: (d.get("kind") != "ConfigMap", d.get("rank", 0)))
 
 
-def default_launcher(profile: Profile, settings: FabricSettings):
+def default_launcher(profile: Profile, settings: FabricSettings) -> Launcher:
     """The launch the runtime uses, as the profile's target names it (pipelines/targets/)."""
-    return load(target_of(profile).launcher)(profile, settings)
+    launcher: Launcher = load(target_of(profile).launcher)(profile, settings)
+    return launcher
 
 
 def summary(log: NcclLog) -> dict[str, Any]:
@@ -132,8 +134,9 @@ class Fabric:
                 lines.append(f"member {run.node}: did not finish in {self.settings.timeout_s:g} s")
             elif run.status != 0:
                 lines.append(f"member {run.node}: the probe exited with status {run.status}")
-        images = sorted({d.get("image") or image_of(d) for d in docs} - {None})
-        result = {
+        images = sorted({i for d in docs if (i := d.get("image") or image_of(d)) is not None})
+        measured_now = summary(log)
+        result: dict[str, Any] = {
             "profile": self.profile.name,
             "outcome": FAILED if lines else PASSED,
             "image": images[0] if len(images) == 1 else images,
@@ -143,7 +146,7 @@ class Fabric:
                 for r in runs
             ],
             "expectations": asdict(expect),
-            "measured": summary(log),
+            "measured": measured_now,
             "failures": lines,
             "git": self.settings.git(),
             "who": self.settings.who,
@@ -153,7 +156,7 @@ class Fabric:
         path = write_result(self.engine.store, result, {r.rank: r.log for r in runs})
         largest = log.largest
         measured = f"{largest.busbw:.2f} GB/s at {largest.size} bytes" if largest else "no busbw"
-        transports = ", ".join(f"{k} x{v}" for k, v in result["measured"]["transports"].items())
+        transports = ", ".join(f"{k} x{v}" for k, v in measured_now["transports"].items())
         print(f"fabric: {self.profile.name}: {transports or 'no channels'}; {measured}")
         print(f"fabric: result {path}")
         if lines:
@@ -181,6 +184,6 @@ def image_of(doc: dict[str, Any]) -> str | None:
     return containers[0].get("image") if containers else None
 
 
-def address(stage: Fabric, run) -> str:
+def address(stage: Fabric, run: MemberRun) -> str:
     """The management address of a member, from the profile."""
     return str(stage.profile.members[run.rank].address)

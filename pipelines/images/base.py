@@ -12,9 +12,17 @@ import shutil
 import stat
 import subprocess
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
-from pipelines.images.oci import Image, assemble, epoch_iso, normal_info, write_layer
+from pipelines.images.oci import (
+    Image,
+    TarEntry,
+    assemble,
+    epoch_iso,
+    normal_info,
+    write_layer,
+)
 from pipelines.images.spec import ImageError, LocalBase
 
 # Caches, logs and docs: not needed at run time, and they differ from one debootstrap to the next.
@@ -56,7 +64,7 @@ def debootstrap(spec: LocalBase, rootfs: Path) -> None:
             path.unlink()
 
 
-def rootfs_members(rootfs: Path, epoch: int):
+def rootfs_members(rootfs: Path, epoch: int) -> Iterator[TarEntry]:
     """(header, data) of every path below rootfs in sorted order; repeated inodes as links."""
     seen: dict[tuple[int, int], str] = {}
     paths = []

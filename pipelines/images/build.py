@@ -9,9 +9,13 @@ import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pipelines.images.context import context_tar
 from pipelines.images.dockerfile import check_contents, check_froms
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 from pipelines.images.inputs import (
     context_extra,
     image_build_args,
@@ -38,7 +42,7 @@ class BuildPlan:
     epoch: int
     key: str
     context: Path
-    material: dict = field(repr=False, default_factory=dict)
+    material: dict[str, Any] = field(repr=False, default_factory=dict)
     extra: dict[str, Path] = field(default_factory=dict)  # context name -> file, beside context
     wheels: tuple[Path, str] | None = None  # (requirements file, Python version) to download
 
@@ -66,7 +70,12 @@ def digest_of(ref: str) -> str:
 
 
 def plan_image(
-    image: ImageDir, registry: str, base: str, key: str, material: dict, namespace: str = ""
+    image: ImageDir,
+    registry: str,
+    base: str,
+    key: str,
+    material: dict[str, Any],
+    namespace: str = "",
 ) -> BuildPlan:
     """Check the image statically and describe its build; no engine, no network.
 
@@ -104,16 +113,19 @@ def full_context(plan: BuildPlan, scratch: Path) -> dict[str, Path]:
     return {**plan.extra, **download_wheels(requirements, plan.platform, python, scratch)}
 
 
-def engine_build(client, plan: BuildPlan, saved: Path) -> None:
+def engine_build(client: DockerClient | None, plan: BuildPlan, saved: Path) -> None:
     """Build with the engine (context sent with normalized mtimes) and save the image tar."""
     import docker.errors  # the client is a docker SDK client: the package is loaded already
+
+    assert client is not None  # the engine builder is chosen only where an engine answers
 
     # Unique per build: two builders of one key on one engine (two runners, two test runs)
     # must not remove each other's tag between build and save.
     tag = f"sparkforge-build/{plan.name}:{plan.key[:16]}-{uuid.uuid4().hex[:8]}"
     log: list[str] = []
     step = "(before the first step)"
-    kwargs = {} if plan.platform == native_platform() else {"platform": plan.platform}
+    # None: the engine's own platform (the SDK sends no platform then).
+    platform = None if plan.platform == native_platform() else plan.platform
     try:
         with tempfile.TemporaryDirectory(dir=saved.parent, prefix="wheels-") as scratch:
             context = context_tar(plan.context, plan.epoch, full_context(plan, Path(scratch)))
@@ -126,7 +138,7 @@ def engine_build(client, plan: BuildPlan, saved: Path) -> None:
             forcerm=True,
             network_mode="host",
             decode=True,
-            **kwargs,
+            platform=platform,
         )
         for chunk in stream:
             for line in chunk.get("stream", "").splitlines():
@@ -153,7 +165,7 @@ def buildx_available() -> bool:
         return False
 
 
-def buildx_build(client, plan: BuildPlan, saved: Path) -> None:
+def buildx_build(client: DockerClient | None, plan: BuildPlan, saved: Path) -> None:
     """Build with buildx from the normalized context (SOURCE_DATE_EPOCH, rewritten timestamps)."""
     with tempfile.TemporaryDirectory(dir=saved.parent, prefix="context-") as tmp:
         context = Path(tmp) / "context"
@@ -185,7 +197,11 @@ def choose_builder(has_engine: bool, asked: str | None = None) -> str:
 
 
 def build_image(
-    client, plan: BuildPlan, builder: str, out: Path, layers_cache: LayerCache | None = None
+    client: DockerClient | None,
+    plan: BuildPlan,
+    builder: str,
+    out: Path,
+    layers_cache: LayerCache | None = None,
 ) -> Image:
     """Build the plan with a builder and normalize the result into out (blobs + image.json)."""
     with tempfile.TemporaryDirectory(dir=out, prefix="build-") as tmp:

@@ -69,7 +69,7 @@ def context_listing(
     files = context_files(root, extra)
     regular = [p for p in files.values() if p.is_file() and not p.is_symlink()]
     digests = statcache.digest_files(regular)
-    listing = []
+    listing: list[list[str | int]] = []  # [name, kind, (mode,) target or digest]
     for name, path in files.items():
         st = os.lstat(path)
         if path.is_symlink():
@@ -79,7 +79,7 @@ def context_listing(
         else:
             listing.append([name, "file", normal_mode(st.st_mode), digests[path.absolute()]])
     digest = hashlib.sha256(canonical_json(listing)).hexdigest()
-    return digest, {entry[0]: str(entry[-1]) for entry in listing}
+    return digest, {str(entry[0]): str(entry[-1]) for entry in listing}
 
 
 def context_tar(root: Path, epoch: int, extra: dict[str, Path]) -> io.BytesIO:

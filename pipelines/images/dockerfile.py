@@ -50,7 +50,7 @@ def check_froms(path: Path, text: str, build_args: dict[str, str]) -> list[str]:
     """The resolved image of every FROM; refuses any that is not pinned by digest."""
     args: dict[str, str] = {}
     stages: set[str] = set()
-    images = []
+    images: list[str] = []
     for ins in instructions(text):
         if ins.keyword == "ARG" and not stages and not images:
             name, _, default = ins.args.partition("=")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import platform as host_platform
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from pipelines.images.context import BuildContext
 from pipelines.images.dockerfile import upstream_arg
@@ -39,7 +40,7 @@ def image_platform(image: ImageDir) -> str:
     return native_platform() if image.spec.platform == "native" else image.spec.platform
 
 
-def image_params(image: ImageDir) -> dict:
+def image_params(image: ImageDir) -> dict[str, Any]:
     """The keyed parameters of an image; the base enters the key by digest, as a pin."""
     spec = image.spec
     return {
@@ -91,7 +92,7 @@ def debian_arch() -> str:
     ).stdout.strip()
 
 
-def base_params(spec: LocalBase, arch: str) -> dict:
+def base_params(spec: LocalBase, arch: str) -> dict[str, Any]:
     """The keyed parameters of a local base: suite, variant, packages, mirror, architecture."""
     return {**as_data(spec), "arch": arch}
 

@@ -16,12 +16,16 @@ import os
 import tarfile
 import tempfile
 import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol, cast
 
 from pipelines.files import fsync_fd, hash_file, write_atomic
 from pipelines.keys import canonical_json
+
+# One entry of a layer tar: its header, and its data (None: no data, a folder or a link).
+TarEntry = tuple[tarfile.TarInfo, IO[bytes] | None]
 
 NORMALIZER_VERSION = 1
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
@@ -87,7 +91,7 @@ def normal_info(info: tarfile.TarInfo, epoch: int) -> tarfile.TarInfo:
     return out
 
 
-def sorted_members(tar: tarfile.TarFile, epoch: int):
+def sorted_members(tar: tarfile.TarFile, epoch: int) -> Iterator[TarEntry]:
     """The members of a layer tar sorted by name, headers normalized.
 
     A hard link must follow its target; after sorting, the first name of a link group
@@ -117,15 +121,25 @@ def sorted_members(tar: tarfile.TarFile, epoch: int):
             yield normal_info(member, epoch), tar.extractfile(member) if member.isreg() else None
 
 
+class ByteSink(Protocol):
+    """Where a HashingSink passes bytes on: a file, or a gzip stream."""
+
+    def write(self, data: bytes, /) -> int:
+        """Take data."""
+
+    def close(self) -> None:
+        """No more data."""
+
+
 class HashingSink:
     """A write-only file object that hashes and counts the bytes it passes on to dest."""
 
-    def __init__(self, dest: IO[bytes]):
+    def __init__(self, dest: ByteSink):
         self.dest = dest
         self.sha = hashlib.sha256()
         self.size = 0
 
-    def write(self, data) -> int:
+    def write(self, data: bytes) -> int:
         """Pass data on, hashing it."""
         self.sha.update(data)
         self.size += len(data)
@@ -147,7 +161,7 @@ class LayerWriter:
             )
         )
 
-    def write(self, data) -> int:
+    def write(self, data: bytes) -> int:
         """Take plain tar bytes."""
         return self.plain.write(data)
 
@@ -165,12 +179,14 @@ class LayerWriter:
         )
 
 
-def write_layer(members, out_dir: Path) -> tuple[Blob, str]:
+def write_layer(members: Iterable[TarEntry], out_dir: Path) -> tuple[Blob, str]:
     """A gzipped layer blob from (header, data) pairs, in one pass; (blob, diff_id)."""
     tmp = out_dir / f"layer.{os.getpid()}.{threading.get_ident()}.tmp"
     with open(tmp, "wb") as dest:
         writer = LayerWriter(dest)
-        with tarfile.open(fileobj=writer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        # tarfile writes through write() and asks tell(), which LayerWriter gives.
+        fileobj = cast(IO[bytes], writer)
+        with tarfile.open(fileobj=fileobj, mode="w", format=tarfile.GNU_FORMAT) as tar:
             for info, data in members:
                 tar.addfile(info, data)
         digest, diff_id, size = writer.finish()
@@ -210,7 +226,9 @@ class LayerCache:
         return blob, diff_id
 
 
-def normal_config(builder_config: dict[str, Any], diff_ids: list[str], epoch: int) -> dict:
+def normal_config(
+    builder_config: dict[str, Any], diff_ids: list[str], epoch: int
+) -> dict[str, Any]:
     """The image config with only what the image runs with, and fixed timestamps."""
     created = epoch_iso(epoch)
     run = builder_config.get("config") or {}
@@ -229,7 +247,7 @@ def normal_config(builder_config: dict[str, Any], diff_ids: list[str], epoch: in
     }
 
 
-def _empty(history_entry: dict) -> dict:
+def _empty(history_entry: dict[str, Any]) -> dict[str, Any]:
     return {"empty_layer": True} if history_entry.get("empty_layer") else {}
 
 
@@ -246,7 +264,7 @@ def write_blob(out_dir: Path, data: bytes, media_type: str) -> Blob:
     return Blob("sha256:" + digest, len(data), path, media_type)
 
 
-def assemble(config: dict, layers: list[Blob], out_dir: Path) -> Image:
+def assemble(config: dict[str, Any], layers: list[Blob], out_dir: Path) -> Image:
     """The manifest of config and layers, as canonical JSON."""
     config_blob = write_blob(out_dir, canonical_json(config), CONFIG_TYPE)
     manifest = {
@@ -300,7 +318,7 @@ def normalize_saved_image(
         return assemble(normal_config(config, diff_ids, epoch), layers, out_dir)
 
 
-def read_saved_image(unpacked: Path) -> tuple[dict, list[Path]]:
+def read_saved_image(unpacked: Path) -> tuple[dict[str, Any], list[Path]]:
     """The builder's config and the layer tar paths of an unpacked `docker save`."""
     manifest = json.loads((unpacked / "manifest.json").read_text())
     if len(manifest) != 1:

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from pipelines.images.oci import MANIFEST_TYPE, Image, load_image_index
 from pipelines.images.spec import ImageBadInput, ImageError, ImageUnreachable
@@ -34,7 +34,7 @@ class Registry:
     # host:port, or where to read it on the first call (the local stack's, once it runs)
     address: str | Callable[[], str]
     # Authorization headers by challenge scope, learned from 401 answers (never printed).
-    _tokens: dict = field(default_factory=dict, compare=False, repr=False)
+    _tokens: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @functools.cached_property
     def host(self) -> str:
@@ -47,7 +47,9 @@ class Registry:
         local = self.host.startswith(("127.", "localhost"))
         return f"{'http' if local else 'https'}://{self.host}/v2"
 
-    def _call(self, method: str, url: str, body: Path | bytes | None = None, **kwargs):
+    def _call(
+        self, method: str, url: str, body: Path | bytes | None = None, **kwargs: Any
+    ) -> urllib3.BaseHTTPResponse:
         """One request; on a 401 it logs in as the challenge asks and tries once more."""
         import urllib3  # loaded on the first registry call, not for a run that makes none
 
@@ -72,7 +74,13 @@ class Registry:
         return r
 
     @staticmethod
-    def _send(method, url, data, headers, **kwargs) -> urllib3.BaseHTTPResponse:
+    def _send(
+        method: str,
+        url: str,
+        data: IO[bytes] | bytes | None,
+        headers: dict[str, str],
+        **kwargs: Any,
+    ) -> urllib3.BaseHTTPResponse:
         """One HTTP exchange on the process's shared connection pool (kept alive between calls)."""
         from pipelines.httpjson import http_pool  # urllib3 with the first call, not at import
 
@@ -145,7 +153,7 @@ class Registry:
         r = self._call("HEAD", f"{self.base}/{repo}/blobs/{digest}")
         return r.status == 200
 
-    def push_blob(self, repo: str, digest: str, path) -> bool:
+    def push_blob(self, repo: str, digest: str, path: Path) -> bool:
         """Upload one blob unless present (monolithic upload); True when it was sent."""
         if self.has_blob(repo, digest):
             return False

@@ -29,7 +29,7 @@ class ImageBadInput(ImageError, BadInput):
     """An image digest or registry credentials given in a form that cannot be used."""
 
 
-class LocalBase(Strict, kw_only=True):
+class LocalBase(Strict, frozen=True, kw_only=True):
     """A base made here from a Debian rootfs (debootstrap), itself a keyed step."""
 
     suite: str
@@ -38,7 +38,7 @@ class LocalBase(Strict, kw_only=True):
     mirror: str = "http://deb.debian.org/debian"
 
 
-class Base(Strict, kw_only=True):
+class Base(Strict, frozen=True, kw_only=True):
     """The FROM of an image: a registry image pinned by digest, or a base made here."""
 
     image: Annotated[str, Meta(pattern=PINNED.pattern)] | None = None
@@ -50,14 +50,14 @@ class Base(Strict, kw_only=True):
             raise ValueError("base needs exactly one of 'image' (pinned by digest) or 'local'")
 
 
-class Upstream(Strict):
+class Upstream(Strict, frozen=True):
     """A source built into the image, pinned by commit."""
 
     repo: str
     commit: Commit
 
 
-class Checks(Strict, kw_only=True):
+class Checks(Strict, frozen=True, kw_only=True):
     """What the built image (and its Dockerfile) must contain."""
 
     cuda_arch_list: str | None = None
@@ -66,14 +66,14 @@ class Checks(Strict, kw_only=True):
     nccl: Literal["none", "pip", "sparkring-overlay"] = "none"
 
 
-class Wheels(Strict, kw_only=True):
+class Wheels(Strict, frozen=True, kw_only=True):
     """Python packages as locked wheels: a requirements file with hashes, for one Python."""
 
     requirements: str  # in the image folder
     python: Annotated[str, Meta(pattern=r"^3\.[0-9]+$")]
 
 
-class ImageSpec(Strict, kw_only=True):
+class ImageSpec(Strict, frozen=True, kw_only=True):
     """One image: name, platform, base, build args, pinned upstreams and checks."""
 
     name: Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9.-]*$")]

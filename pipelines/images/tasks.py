@@ -15,11 +15,19 @@ import msgspec
 from pipelines.errors import PipelineError
 from pipelines.images.inputs import base_repository, image_repository
 from pipelines.images.registry import Registry, RegistryCache
-from pipelines.images.spec import ImageBadInput, ImageDir, ImageUnreachable, load_image
+from pipelines.images.spec import (
+    ImageBadInput,
+    ImageDir,
+    ImageUnreachable,
+    LocalBase,
+    load_image,
+)
 from pipelines.stage import Context
 from pipelines.steps import Step, StepRun, side_task
 
 if TYPE_CHECKING:
+    from docker import DockerClient
+
     from pipelines.images.build import BuildPlan
 
 
@@ -68,7 +76,8 @@ class Images:
         site = context.site
         self.registry = Registry(lambda: site.registry)
         self.namespace = site.namespace
-        self.base_step = self._base_step() if self.image.spec.base.local else None
+        local = self.image.spec.base.local
+        self.base_step = self._base_step(local) if local else None
         self.image_step = self._image_step()
 
     @classmethod
@@ -109,11 +118,10 @@ class Images:
 
     # --- base ------------------------------------------------------------------------------
 
-    def _base_step(self) -> Step:
+    def _base_step(self, local: LocalBase) -> Step:
         """The keyed step that debootstraps the local base; its output is a registry tag."""
         from pipelines.images.inputs import BASE_RECIPE_VERSION, base_params, debian_arch
 
-        local = self.image.spec.base.local
         repository = base_repository(local)
 
         def debootstrap_base(run: StepRun) -> None:
@@ -138,8 +146,9 @@ class Images:
         spec = self.image.spec
         if spec.base.image:
             return spec.base.image
-        step = self.base_step
-        repository = base_repository(spec.base.local)
+        step, local = self.base_step, spec.base.local
+        assert step is not None and local is not None  # a base is pinned or local (spec.Base)
+        repository = base_repository(local)
         tag = RegistryCache.key_tag(self.engine.key(step))
         digest = self.registry.manifest_digest(repository, tag)
         if digest is None:
@@ -210,7 +219,7 @@ class Images:
         build_image(client, plan, builder, run.out, layers)
         print(f"image: built with {builder}, key {plan.key[:16]}")
 
-    def _docker_client(self):
+    def _docker_client(self) -> DockerClient:
         """A Docker SDK client for the engine the edge named."""
         import docker
         import docker.errors

@@ -7,6 +7,7 @@ reboot recompiles every kernel (and fills the node's container storage meanwhile
 from __future__ import annotations
 
 from pathlib import PurePosixPath
+from typing import Any
 
 from pipelines.render.documents import Document
 from pipelines.render.violations import violation
@@ -33,7 +34,7 @@ RULE = (
 )
 
 
-def writable_mounts(spec: dict) -> list[PurePosixPath]:
+def writable_mounts(spec: dict[str, Any]) -> list[PurePosixPath]:
     """Mount paths of the spec's extra volumes that exist and may be written.
 
     The operator's own /models mount is read-only in the serving container, so only the

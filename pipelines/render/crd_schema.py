@@ -35,15 +35,19 @@ class OperatorSchema:
 @cache
 def source_record(folder: Path = LLMKUBE_SCHEMAS_DIR) -> dict[str, Any]:
     """The record of where the derived schemas come from (repository, commit, files)."""
-    return json.loads((folder / "source.json").read_text())
+    record: dict[str, Any] = json.loads((folder / "source.json").read_text())
+    return record
 
 
 def read_json(path: Path) -> dict[str, Any]:
     """A JSON file of the derived-schema folder."""
-    return json.loads(path.read_text())
+    found: dict[str, Any] = json.loads(path.read_text())
+    return found
 
 
-def apply_overlay(schema: dict, additions: dict[str, dict]) -> tuple[dict, tuple[str, ...]]:
+def apply_overlay(
+    schema: dict[str, Any], additions: dict[str, dict[str, Any]]
+) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The schema with each addition placed where it is missing; and the paths added."""
     out = copy.deepcopy(schema)
     added = []
@@ -119,7 +123,7 @@ def validator(kind: str, folder: Path = LLMKUBE_SCHEMAS_DIR) -> Any:
     return jsonschema.Draft202012Validator(forbid_unknown(operator_schema(kind, folder).schema))
 
 
-def source_of(schema: OperatorSchema, path: list) -> str:
+def source_of(schema: OperatorSchema, path: list[str | int]) -> str:
     """Which source a field's schema comes from: the overlay's PR or the derived CRD."""
     dotted = ".".join(str(p) for p in path if not isinstance(p, int))
     if any(dotted == a or dotted.startswith(a + ".") for a in schema.added):

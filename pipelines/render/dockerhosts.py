@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipelines.profiles import Profile, option_name
+from pipelines.profiles import Profile, option_name, required
 from pipelines.render.documents import Document, RenderError, RenderInputs
 from pipelines.render.validate import check_ring_rules, check_secrets
 from pipelines.weights import cache_key
@@ -18,7 +18,7 @@ def sglang_env(profile: Profile, rank: int) -> dict[str, str]:
     A two-node pair needs none of the ring-only settings; rings of three or more route by
     subnet, and the patched (sparkring) NCCL runs ring-only, skipping Tree/PAT setup.
     """
-    fabric = profile.fabric
+    fabric = required(profile.fabric, "fabric", profile)
     env = {
         "NCCL_NET": "IB",
         "NCCL_IB_DISABLE": "0",
@@ -44,7 +44,8 @@ def sglang_env(profile: Profile, rank: int) -> dict[str, str]:
 
 def sglang_command(profile: Profile, rank: int) -> list[str]:
     """The SGLang server command of one rank."""
-    s = profile.sglang
+    s = required(profile.sglang, "sglang", profile)
+    fabric = required(profile.fabric, "fabric", profile)
     command = [
         "python3",
         "-m",
@@ -60,7 +61,7 @@ def sglang_command(profile: Profile, rank: int) -> list[str]:
         "--node-rank",
         str(rank),
         "--dist-init-addr",
-        f"{profile.members[0].address}:{profile.fabric.rendezvous_port}",
+        f"{profile.members[0].address}:{fabric.rendezvous_port}",
         "--context-length",
         str(s.context_length),
         "--max-running-requests",
@@ -99,7 +100,7 @@ def sglang_command(profile: Profile, rank: int) -> list[str]:
 def launch_plans(profile: Profile, image: str, folders: list[str]) -> list[Document]:
     """One launch plan per node: image by digest, env, mounts (NCCL overlay, its staged model
     folder), command."""
-    overlay = profile.sglang.nccl_overlay
+    overlay = required(profile.sglang, "sglang", profile).nccl_overlay
     plans = []
     for rank, member in enumerate(profile.members):
         mounts: list[dict[str, Any]] = [
@@ -139,7 +140,7 @@ def simulator_plans(profile: Profile, image: str, folders: list[str]) -> list[Do
 
     Member r listens on port + r: the local stack's engines share this machine's network.
     """
-    sim = profile.simulator
+    sim = required(profile.simulator, "simulator", profile)
     env = {
         "SIM_MODEL_DIR": "/models",
         "SIM_SERVED_MODEL_NAME": profile.model.served_name,

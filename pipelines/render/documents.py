@@ -59,7 +59,9 @@ def template_env(folder: Path = MANIFESTS_DIR) -> jinja2.Environment:
     )
 
 
-def render_template(env: jinja2.Environment, name: str, context: dict) -> list[dict]:
+def render_template(
+    env: jinja2.Environment, name: str, context: dict[str, Any]
+) -> list[dict[str, Any]]:
     """The objects of one template (one or more YAML documents)."""
     import jinja2
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipelines.paths import FABRIC_PROBE
-from pipelines.profiles import Profile
+from pipelines.profiles import Profile, required
 from pipelines.render import dockerhosts, kubernetes
 from pipelines.render.documents import (
     Document,
@@ -57,7 +57,9 @@ def rendezvous_env(profile: Profile, rank: int) -> dict[str, str]:
         "WORLD_SIZE": str(len(profile.members)),
         "LOCAL_RANK": "0",
         "MASTER_ADDR": str(profile.members[0].address),
-        "MASTER_PORT": str(profile.fabric.rendezvous_port + PORT_OFFSET),
+        "MASTER_PORT": str(
+            required(profile.fabric, "fabric", profile).rendezvous_port + PORT_OFFSET
+        ),
     }
 
 
@@ -65,11 +67,12 @@ def job_env(profile: Profile, rank: int) -> dict[str, str]:
     """A member Job's env: the service's NCCL env, the operator's per-member values, rank."""
     service = {**kubernetes.fabric_env(profile), **profile.env}
     member = profile.members[rank]
+    fabric = required(profile.fabric, "fabric", profile)
     env = {k: v for k, v in service.items() if is_nccl(k)}
     env |= {
-        "NCCL_IB_HCA": ",".join(profile.fabric.ib_hca),
+        "NCCL_IB_HCA": ",".join(fabric.ib_hca),
         "NCCL_SOCKET_IFNAME": member.socket_interface,
-        "NCCL_IB_GID_INDEX": str(profile.fabric.ib_gid_index),
+        "NCCL_IB_GID_INDEX": str(fabric.ib_gid_index),
         **DEBUG,
         **rendezvous_env(profile, rank),
         "NVIDIA_VISIBLE_DEVICES": "all",
@@ -79,7 +82,7 @@ def job_env(profile: Profile, rank: int) -> dict[str, str]:
 
 def fabric_jobs(profile: Profile, image: str, probe_source: str) -> list[Document]:
     """The probe's ConfigMap and one Job per member, for a Kubernetes ring."""
-    k8s = profile.kubernetes
+    k8s = required(profile.kubernetes, "kubernetes", profile)
     name = f"{k8s.service_name}-fabric"
     labels = {
         "app.kubernetes.io/part-of": "sparkforge",
@@ -93,7 +96,7 @@ def fabric_jobs(profile: Profile, image: str, probe_source: str) -> list[Documen
         "image": image,
         "command": probe_command(),
         "probe_source": probe_source,
-        "rdma_resource": profile.fabric.rdma_resource,
+        "rdma_resource": required(profile.fabric, "fabric", profile).rdma_resource,
         "shm_size": k8s.shm_size,
         "deadline_s": DEADLINE_S,
     }
@@ -135,7 +138,8 @@ def check_fabric(docs: list[Document]) -> list[str]:
             continue
         if doc.body.get("kind") == "Job":
             spec = doc.body["spec"]["template"]["spec"]
-            container, where = spec["containers"][0], ["spec", "template", "spec"]
+            container = spec["containers"][0]
+            where: list[str | int] = ["spec", "template", "spec"]
             env, host_net = env_of(container), spec.get("hostNetwork") is True
             if not services:
                 found.append(violation(doc.file, [], "a fabric Job needs its service", None))
@@ -145,8 +149,9 @@ def check_fabric(docs: list[Document]) -> list[str]:
             image = svc.get("image")
             got = {k: v for k, v in env.items() if is_nccl(k) and k not in PER_MEMBER}
             got = {k: v for k, v in got.items() if k not in DEBUG or k in expected}
-            env_path = [*where, "containers", 0, "env"]
-            image_found, image_path = container.get("image"), [*where, "containers", 0, "image"]
+            env_path: list[str | int] = [*where, "containers", 0, "env"]
+            image_path: list[str | int] = [*where, "containers", 0, "image"]
+            image_found = container.get("image")
         else:
             server = servers.get(doc.body.get("rank"))
             if server is None:

@@ -9,7 +9,7 @@ import hashlib
 import json
 from typing import Any
 
-from pipelines.profiles import Profile
+from pipelines.profiles import Profile, required
 from pipelines.render.documents import (
     Document,
     RenderError,
@@ -72,7 +72,7 @@ def cache_env() -> dict[str, str]:
 
 def vllm_args(profile: Profile) -> list[str]:
     """The vLLM arguments of the service: served name, batch shape, speculation, extras."""
-    v = profile.vllm
+    v = required(profile.vllm, "vllm", profile)
     args = [
         f"--served-model-name={profile.model.served_name}",
         f"--block-size={v.block_size}",
@@ -124,7 +124,9 @@ def render_context(
 ) -> dict[str, Any]:
     """Everything the templates read, computed from profile, lock and image (pure)."""
     key = cache_key(lock.source)
-    k8s = profile.kubernetes
+    k8s = required(profile.kubernetes, "kubernetes", profile)
+    vllm = required(profile.vllm, "vllm", profile)
+    fabric = required(profile.fabric, "fabric", profile)
     labels = {"app.kubernetes.io/part-of": "sparkforge", "sparkforge/profile": profile.name}
     stage = staging_context(labels, staging)
     env = {
@@ -160,17 +162,17 @@ def render_context(
             "extra_args": vllm_args(profile),
             "tensor_parallel": profile.parallel.tensor,
             "pipeline_parallel": profile.parallel.pipeline,
-            "gpu_memory_utilization": profile.vllm.gpu_memory_utilization,
-            "max_model_len": profile.vllm.max_model_len,
+            "gpu_memory_utilization": vllm.gpu_memory_utilization,
+            "max_model_len": vllm.max_model_len,
         },
-        "fabric": as_data(profile.fabric),
+        "fabric": as_data(fabric),
         "members": [
             {
                 "rank": rank,
                 "node": m.node,
                 "address": str(m.address),
                 "socket_interface": m.socket_interface,
-                "ib_hca": ",".join(profile.fabric.ib_hca),
+                "ib_hca": ",".join(fabric.ib_hca),
                 "claim": m.claim,
             }
             for rank, m in enumerate(profile.members)
@@ -183,7 +185,7 @@ def render_context(
             "jit_node_path": k8s.node_jit_cache_path,
             "shm_size": k8s.shm_size,
         },
-        "hygiene": as_data(profile.hygiene),
+        "hygiene": as_data(required(profile.hygiene, "hygiene", profile)),
         "patch_source": patch_source,
     }
 
@@ -201,7 +203,7 @@ def render_kubernetes(
     context = render_context(profile, lock, image, patch_source, staging)
     docs: list[Document] = []
 
-    def add(prefix: str, template: str, extra: dict | None = None) -> None:
+    def add(prefix: str, template: str, extra: dict[str, Any] | None = None) -> None:
         for body in render_template(env, template, {**context, **(extra or {})}):
             name = f"{prefix}-{body['kind'].lower()}-{body['metadata']['name']}.yaml"
             docs.append(Document(name, body))

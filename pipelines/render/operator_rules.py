@@ -32,7 +32,7 @@ class CelRule:
         return ".".join(self.where).replace(".[]", "[]").replace(".{}", "{}") + f"#{self.index}"
 
 
-def cel_rules(schema: dict, where: tuple[str, ...] = ()) -> list[CelRule]:
+def cel_rules(schema: dict[str, Any], where: tuple[str, ...] = ()) -> list[CelRule]:
     """Every CEL rule of a schema, in schema order."""
     found = [
         CelRule(where, i, r["rule"], r.get("message") or f"failed rule: {r['rule']}")
@@ -47,7 +47,7 @@ def cel_rules(schema: dict, where: tuple[str, ...] = ()) -> list[CelRule]:
     return found
 
 
-def with_defaults(schema: dict, value: Any) -> Any:
+def with_defaults(schema: dict[str, Any], value: Any) -> Any:
     """The value with the schema's defaults filled in, as the API server does before CEL."""
     if isinstance(value, dict):
         out = dict(value)
@@ -66,7 +66,9 @@ def with_defaults(schema: dict, value: Any) -> Any:
     return value
 
 
-def nodes_at(value: Any, where: tuple[str, ...], path: tuple = ()) -> Iterator[tuple[tuple, Any]]:
+def nodes_at(
+    value: Any, where: tuple[str, ...], path: tuple[str | int, ...] = ()
+) -> Iterator[tuple[tuple[str | int, ...], Any]]:
     """(document path, value) of every node a rule at `where` applies to."""
     if not where:
         yield path, value

@@ -41,7 +41,7 @@ def check_schema(doc: Document) -> list[str]:
     return []
 
 
-def env_of(spec: dict) -> dict[str, str]:
+def env_of(spec: dict[str, Any]) -> dict[str, str]:
     """The env list of a spec as a dict."""
     return {e.get("name"): e.get("value") for e in spec.get("env", [])}
 
@@ -96,7 +96,9 @@ def check_ring_rules(docs: list[Document]) -> list[str]:
     return found
 
 
-def check_patch_jobs(docs: list[Document], svc: Document, members: list, tp: int) -> list[str]:
+def check_patch_jobs(
+    docs: list[Document], svc: Document, members: list[dict[str, Any]], tp: int
+) -> list[str]:
     """Every member of a TP that does not divide the heads gets the patch Job, applied first."""
     found = []
     models = [d for d in docs if d.body.get("kind") == "Model"]
@@ -129,7 +131,9 @@ def check_patch_jobs(docs: list[Document], svc: Document, members: list, tp: int
     return found
 
 
-def images_in(body: Any, path: tuple = ()) -> Iterable[tuple[tuple, Any]]:
+def images_in(
+    body: Any, path: tuple[str | int, ...] = ()
+) -> Iterable[tuple[tuple[str | int, ...], Any]]:
     """(path, value) of every `image` field in a document."""
     if isinstance(body, dict):
         for key, value in body.items():

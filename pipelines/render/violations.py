@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 
-def violation(doc: str, path: Iterable, rule: str, found: Any) -> str:
+def violation(doc: str, path: Iterable[str | int], rule: str, found: Any) -> str:
     """One line naming the document, the field path, the rule and the value found."""
     dotted = ".".join(str(p) for p in path) or "(document)"
     shown = found if isinstance(found, (int, float, bool)) or found is None else str(found)

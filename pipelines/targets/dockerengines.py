@@ -5,11 +5,14 @@ of a launch plan."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines.errors import DeployError, DeployUnreachable
 from pipelines.profiles import Profile
 from pipelines.targets.ssh import Tunnel
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class DockerEngines:
 
     profile: Profile
     local_engines: tuple[str, ...]  # the local stack's engines, one per local_stack member
-    _clients: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    _clients: dict[str, DockerClient] = field(default_factory=dict, init=False, repr=False)
     _tunnels: list[Tunnel] = field(default_factory=list, init=False, repr=False)
 
     def engines(self) -> tuple[str, ...]:
@@ -68,7 +71,7 @@ class DockerEngines:
             urls.append(url)
         return tuple(urls)
 
-    def client(self, member: MemberHost):
+    def client(self, member: MemberHost) -> DockerClient:
         """The Docker SDK client of a member's engine (one per URL)."""
         import docker
         import docker.errors

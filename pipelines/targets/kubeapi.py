@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines.errors import DeployError, DeployUnreachable
+
+if TYPE_CHECKING:
+    from kubernetes.client.exceptions import ApiException  # untyped: Any to mypy
 
 FIELD_MANAGER = "sparkforge"
 APPLY = "application/apply-patch+yaml"
@@ -121,7 +124,7 @@ class KubeApi:
         data = response.data.decode(errors="replace")
         return data if text else json.loads(data)
 
-    def _refusal(self, err, method: str, path: str) -> str:
+    def _refusal(self, err: ApiException, method: str, path: str) -> str:
         """One line for an API server's refusal: status, its message, what was expected."""
         try:
             message = json.loads(err.body or b"{}").get("message", "")
@@ -157,28 +160,33 @@ class KubeApi:
             )
         return found
 
-    def get(self, resource: Resource, name: str, namespace: str | None = None) -> dict | None:
+    def get(
+        self, resource: Resource, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
         try:
-            return self.request("GET", resource.path(name, namespace))
+            found: dict[str, Any] = self.request("GET", resource.path(name, namespace))
+            return found
         except Refused as err:
             if err.status == 404:
                 return None
             raise
 
-    def list(self, resource: Resource, namespace: str, selector: str) -> list[dict]:
+    def list(self, resource: Resource, namespace: str, selector: str) -> list[dict[str, Any]]:
         """The objects a label selector picks in a namespace."""
         found = self.request("GET", resource.path(None, namespace), {"labelSelector": selector})
-        return found.get("items", [])
+        items: list[dict[str, Any]] = found.get("items", [])
+        return items
 
-    def apply(self, resource: Resource, body: dict, dry_run: bool) -> dict:
+    def apply(self, resource: Resource, body: dict[str, Any], dry_run: bool) -> dict[str, Any]:
         """Server-side apply of one object as sparkforge, taking over conflicting fields."""
         meta = body["metadata"]
         query = {"fieldManager": FIELD_MANAGER, "force": "true", "fieldValidation": "Strict"}
         if dry_run:
             query["dryRun"] = "All"
         path = resource.path(meta["name"], meta.get("namespace"))
-        return self.request("PATCH", path, query, body, content_type=APPLY)
+        applied: dict[str, Any] = self.request("PATCH", path, query, body, content_type=APPLY)
+        return applied
 
     def delete(self, resource: Resource, name: str, namespace: str | None, dry_run: bool) -> None:
         """Delete an object and what it owns (a Job's pods); gone already is fine."""

@@ -11,6 +11,7 @@ host key is always checked.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shlex
 import socket
@@ -20,6 +21,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 from urllib.parse import urlsplit
 
 from pipelines.errors import DeployError
@@ -60,7 +62,7 @@ class SshEngine:
         return argv + ["--", login, shlex.join(command)]
 
 
-def _socket_to_pipe(conn: socket.socket, pipe) -> None:
+def _socket_to_pipe(conn: socket.socket, pipe: IO[bytes]) -> None:
     """The SDK's bytes to ssh's stdin, until the SDK stops writing."""
     with contextlib.suppress(OSError, ValueError):
         while chunk := conn.recv(65536):
@@ -70,7 +72,7 @@ def _socket_to_pipe(conn: socket.socket, pipe) -> None:
         pipe.close()
 
 
-def _pipe_to_socket(pipe, conn: socket.socket) -> None:
+def _pipe_to_socket(pipe: io.BufferedReader, conn: socket.socket) -> None:
     """ssh's stdout (the engine's answers) to the SDK, until the engine is done."""
     with contextlib.suppress(OSError, ValueError):
         while chunk := pipe.read1(65536):
@@ -101,7 +103,7 @@ class Tunnel:
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(str(path))
         self.server.listen(16)
-        self.processes: list[subprocess.Popen] = []
+        self.processes: list[subprocess.Popen[bytes]] = []
         threading.Thread(target=self._serve, daemon=True).start()
         self.url = f"unix://{path}"
 

@@ -54,7 +54,7 @@ class BlobStore:
 
     def missing_entries(self, entries: list[LockEntry]) -> list[LockEntry]:
         """Entries whose blob is absent or not intact."""
-        return [e for e in entries if not self.is_intact(e.sha256, e.size)]
+        return [e for e in entries if not self.is_intact(e.locked_sha256, e.locked_size)]
 
     def add_bytes(self, data: bytes) -> str:
         """Put a small blob made here (e.g. a patched config) into the store; returns its sha256."""
@@ -82,7 +82,7 @@ class BlobStore:
         # when the entries are safe (the fixed 50 ms was the last thing every fetch waited for).
         self.statcache.record(recorded, clock=self.partial)
 
-    def writer(self, sha256: str) -> IO:
+    def writer(self, sha256: str) -> IO[str]:
         """Become the only process writing the blob of sha256: an flock held until closed."""
         f = open(self.partial / f"{sha256}.writer", "w")  # noqa: SIM115 (closed by its owner)
         try:
@@ -92,7 +92,7 @@ class BlobStore:
             raise
         return f
 
-    def try_writer(self, sha256: str) -> IO | None:
+    def try_writer(self, sha256: str) -> IO[str] | None:
         """The writer's flock of sha256 if no other process holds it now, else None."""
         f = open(self.partial / f"{sha256}.writer", "w")  # noqa: SIM115 (closed by its owner)
         try:

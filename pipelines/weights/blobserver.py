@@ -144,7 +144,7 @@ class BlobServer:
     ):
         self.listen, self.port, self.ring = listen, port, ring
         self.config = nginx_config(blobs, ring, listen, allow, port, store_owner(blobs, (ring,)))
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 15.0) -> BlobServer:
         """Start nginx and wait until it listens on every address, or raise with its log."""

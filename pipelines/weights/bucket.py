@@ -4,19 +4,31 @@ from __future__ import annotations
 
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, TypedDict
 
 from pipelines.progress import Progress
 from pipelines.weights.lock import Lock, LockEntry, LockError
 from pipelines.weights.ranges import read_range
 from pipelines.weights.s3 import S3Url
 
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
+
+
+class Listed(TypedDict):
+    """An object as the bucket lists it."""
+
+    size: int
+    etag: str  # without its quotes
+
+
 MD5SUMS = "MD5SUMS.body"
 RANGE = 32 << 20
 
 
-def list_objects(client, url: S3Url) -> dict[str, dict]:
+def list_objects(client: S3Client, url: S3Url) -> dict[str, Listed]:
     """Objects directly under the prefix, by file name: size and ETag."""
-    found = {}
+    found: dict[str, Listed] = {}
     for page in client.get_paginator("list_objects_v2").paginate(
         Bucket=url.bucket, Prefix=url.prefix + "/"
     ):
@@ -27,7 +39,9 @@ def list_objects(client, url: S3Url) -> dict[str, dict]:
     return found
 
 
-def hash_object(client, url: S3Url, name: str, listed: dict, progress: Progress) -> tuple[str, str]:
+def hash_object(
+    client: S3Client, url: S3Url, name: str, listed: Listed, progress: Progress
+) -> tuple[str, str]:
     """(sha256, md5) of one object as listed (size, ETag), computed while it streams in ranges.
 
     A range that breaks is fetched again before it is hashed, so a dropped connection on a
@@ -56,7 +70,9 @@ def parse_md5sums(text: str) -> dict[str, str]:
     return sums
 
 
-def hash_bucket(client, model: str, source: str, previous: Lock | None, workers: int = 4) -> Lock:
+def hash_bucket(
+    client: S3Client, model: str, source: str, previous: Lock | None, workers: int = 4
+) -> Lock:
     """A lock of every object under source, cross-checked against MD5SUMS.body if shipped.
 
     The previous lock's file order is kept; names it lists that the bucket lacks are an error.

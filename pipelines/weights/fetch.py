@@ -23,9 +23,10 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pipelines.errors import PipelineError
-from pipelines.progress import Progress
+from pipelines.progress import Progress, ProgressSink
 from pipelines.weights.blobs import BlobStore
 from pipelines.weights.lock import Lock, LockEntry
 from pipelines.weights.options import FetchOptions
@@ -39,7 +40,10 @@ from pipelines.weights.partial import (
 from pipelines.weights.publish import Publisher
 from pipelines.weights.ranges import SourceDown, Stopped
 from pipelines.weights.s3 import S3Url
-from pipelines.weights.sources import S3Source
+from pipelines.weights.sources import S3Source, Source
+
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
 
 
 class FetchError(PipelineError):
@@ -114,7 +118,9 @@ class Fetcher:
     same verification, resume and publication hold whichever it is.
     """
 
-    def __init__(self, source, blobs: BlobStore, options: FetchOptions, progress: Progress):
+    def __init__(
+        self, source: Source, blobs: BlobStore, options: FetchOptions, progress: ProgressSink
+    ):
         self.source = source
         self.blobs = blobs
         self.options = options
@@ -134,7 +140,7 @@ class Fetcher:
 
     def fetch(self, entries: list[LockEntry]) -> FetchReport:
         """Fetch entries (biggest first, several files at once); failures are collected."""
-        ordered = sorted(entries, key=lambda e: e.size, reverse=True)
+        ordered = sorted(entries, key=lambda e: e.locked_size, reverse=True)
         files = ThreadPoolExecutor(self.options.files_at_once, thread_name_prefix="file")
         try:
             outcomes = {e.name: files.submit(self.fetch_file, e) for e in ordered}
@@ -189,7 +195,7 @@ class Fetcher:
             with writer:
                 self.blobs.partial_file(sha).unlink(missing_ok=True)
 
-    def fetch_file(self, entry: LockEntry, source=None) -> Future[None] | None:
+    def fetch_file(self, entry: LockEntry, source: Source | None = None) -> Future[None] | None:
         """Fetch and verify one file; None when it was already stored, else its publication."""
         try:
             return self._fetch_file(entry, source or self.source)
@@ -199,19 +205,22 @@ class Fetcher:
             # fault, not its source's: a ring peer is not refused for it.
             raise LocalWriteError(f"{entry.name}: {err}") from err
 
-    def _fetch_file(self, entry: LockEntry, source) -> Future[None] | None:
-        sha = entry.sha256
+    def _fetch_file(self, entry: LockEntry, source: Source) -> Future[None] | None:
+        sha = entry.locked_sha256
         writer = self.blobs.writer(sha)
+        handed_over = False  # to the publisher, which closes it
         self._touched.add(sha)
         try:
-            if self.blobs.is_intact(sha, entry.size):
-                self.progress.advance(entry.name, entry.size)
+            if self.blobs.is_intact(sha, entry.locked_size):
+                self.progress.advance(entry.name, entry.locked_size)
                 return None
             part = self.blobs.partial_file(sha)
             partial = PartialFile(part)
             try:
                 try:
-                    actual = self._stream(source, entry, partial, partial.resume_point(entry.size))
+                    actual = self._stream(
+                        source, entry, partial, partial.resume_point(entry.locked_size)
+                    )
                 except WriteError as err:
                     raise LocalWriteError(f"{entry.name}: {err}") from err
                 if actual != sha:
@@ -224,13 +233,14 @@ class Fetcher:
             finally:
                 partial.close()
             # The publisher holds the flock from here on, until the file is in the store.
-            published, writer = self.publisher.submit(entry.name, part, sha, writer), None
+            published = self.publisher.submit(entry.name, part, sha, writer)
+            handed_over = True
             return published
         finally:
-            if writer is not None:
+            if not handed_over:
                 writer.close()
 
-    def _stream(self, source, entry: LockEntry, partial: PartialFile, have: int) -> str:
+    def _stream(self, source: Source, entry: LockEntry, partial: PartialFile, have: int) -> str:
         """Hash the prefix already on disk, then download the rest in order; the sha256."""
         digest = hashlib.sha256()
         for start, end in plan_ranges(have, self.options.part_size):
@@ -243,9 +253,9 @@ class Fetcher:
             self.progress.advance(entry.name, len(data))
         ranges = [
             (have + a, have + b)
-            for a, b in plan_ranges(entry.size - have, self.options.part_size, tapered=True)
+            for a, b in plan_ranges(entry.locked_size - have, self.options.part_size, tapered=True)
         ]
-        inflight: dict[int, Future] = {}
+        inflight: dict[int, Future[tuple[memoryview, memoryview]]] = {}
         submitted = 0
         writes = WriteBehind(partial, self.buffers.put)
         try:
@@ -270,7 +280,7 @@ class Fetcher:
             writes.close()
 
     def _download_range(
-        self, source, entry: LockEntry, start: int, end: int
+        self, source: Source, entry: LockEntry, start: int, end: int
     ) -> tuple[memoryview, memoryview]:
         """Read one range from source into a pooled buffer (the source retries broken bodies)."""
         buffer = self.buffers.get()
@@ -305,11 +315,11 @@ class Fetcher:
 
 
 def fetch_lock(
-    client,
+    client: S3Client,
     lock: Lock,
     blobs: BlobStore,
     options: FetchOptions | None = None,
-    progress_factory: Callable[[str, int, dict[str, int]], Progress] = Progress,
+    progress_factory: Callable[[str, int, dict[str, int]], ProgressSink] = Progress,
 ) -> FetchReport:
     """Fetch every file of a (fully locked) lock that the blob store lacks; raise on failures."""
     options = options or FetchOptions()
@@ -317,8 +327,9 @@ def fetch_lock(
     missing = blobs.missing(lock)
     if not missing:
         return FetchReport(reused=[e.name for e in lock.files])
-    total = sum(e.size for e in missing)
-    big = {e.name: e.size for e in sorted(missing, key=lambda e: e.size, reverse=True)[:2]}
+    total = sum(e.locked_size for e in missing)
+    by_size = sorted(missing, key=lambda e: e.locked_size, reverse=True)
+    big = {e.name: e.locked_size for e in by_size[:2]}
     progress = progress_factory(f"fetch {lock.model}", total, big)
     try:
         source = S3Source(client, url, options.retries)

@@ -22,7 +22,7 @@ class LockError(BadInput):
     """A lock that cannot be used."""
 
 
-class LockEntry(Strict, kw_only=True):
+class LockEntry(Strict, frozen=True, kw_only=True):
     """One file: its name, and once locked, its size and sha256 (etag: the store's, for info)."""
 
     name: FileName
@@ -35,13 +35,27 @@ class LockEntry(Strict, kw_only=True):
         """True when size and hash are known."""
         return self.size is not None and self.sha256 is not None
 
+    @property
+    def locked_sha256(self) -> str:
+        """The sha256 of a locked entry (fetch, stage and verify take only those)."""
+        if self.sha256 is None:
+            raise LockError(f"file {self.name!r}: no sha256; expected a locked entry")
+        return self.sha256
+
+    @property
+    def locked_size(self) -> int:
+        """The size of a locked entry."""
+        if self.size is None:
+            raise LockError(f"file {self.name!r}: no size; expected a locked entry")
+        return self.size
+
     def __post_init__(self) -> None:
         """A hash without a size cannot be checked cheaply: refuse it."""
         if self.sha256 is not None and self.size is None:
             raise ValueError(f"file {self.name!r} has a sha256 but no size")
 
 
-class Lock(Strict, kw_only=True):
+class Lock(Strict, frozen=True, kw_only=True):
     """A model's lock: where it comes from and what each file must be."""
 
     model: Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9.-]*$")]

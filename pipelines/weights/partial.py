@@ -76,16 +76,17 @@ class PartialFile:
 
     def write(self, view: memoryview, at: int) -> None:
         """Write view at offset at: its aligned head directly, the rest through the cache."""
-        head = len(view) - len(view) % ALIGN if self.direct is not None and at % ALIGN == 0 else 0
-        if head:
+        direct = self.direct
+        head = len(view) - len(view) % ALIGN if direct is not None and at % ALIGN == 0 else 0
+        if direct is not None and head:
             try:
-                written = _write_all(self.direct, view[:head], at)
+                written = _write_all(direct, view[:head], at)
             except OSError as err:
                 if err.errno != errno.EINVAL:
                     raise
                 # Accepted at open, refused at write (an unaligned buffer, or a filesystem that
                 # checks late): buffered from here on.
-                os.close(self.direct)
+                os.close(direct)
                 self.direct, written = None, 0
             view, at = view[written:], at + written
         _write_all(self.fd, view, at)

@@ -36,7 +36,7 @@ class Verified:
     name: str
     part: Path
     sha256: str
-    writer: IO  # the open flock of its one writer, released once it is published or dropped
+    writer: IO[str]  # the open flock of its one writer, released once it is published or dropped
     done: Future[None] = field(default_factory=Future)
 
 
@@ -54,7 +54,7 @@ class Publisher:
         self._thread = threading.Thread(target=self._run, name="publish", daemon=True)
         self._thread.start()
 
-    def submit(self, name: str, part: Path, sha256: str, writer: IO) -> Future[None]:
+    def submit(self, name: str, part: Path, sha256: str, writer: IO[str]) -> Future[None]:
         """Hand over a verified file and its writer's flock; done once it is in the store."""
         item = Verified(name, part, sha256, writer)
         self._queue.put(item)

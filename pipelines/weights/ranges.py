@@ -12,12 +12,24 @@ import http.client
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, TypedDict, cast
 
 import botocore.exceptions
 import urllib3.exceptions
 
 from pipelines.errors import PipelineError
 from pipelines.weights.s3 import S3Url, describe_s3_error
+
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
+    from types_boto3_s3.type_defs import GetObjectOutputTypeDef
+
+
+class IfMatch(TypedDict, total=False):
+    """get_object's condition that the object is still the one listed."""
+
+    IfMatch: str
+
 
 READ_CHUNK = 4 << 20
 RETRIES = 5
@@ -60,7 +72,7 @@ class IncompleteRange(ConnectionError):
 
 
 def read_range(
-    client,
+    client: S3Client,
     url: S3Url,
     name: str,
     start: int,
@@ -81,7 +93,7 @@ def read_range(
     """
     key = url.key(name)
     end = start + len(view) - 1
-    pinned = {"IfMatch": f'"{etag}"'} if etag else {}
+    pinned: IfMatch = {"IfMatch": f'"{etag}"'} if etag else {}
     for attempt in range(retries + 1):
         if stop is not None and stop.is_set():
             raise Stopped(f"{key}: fetch stopped")
@@ -111,7 +123,9 @@ def read_range(
             time.sleep(min(2**attempt * 0.2, 5))
 
 
-def s3_error(client, err: Exception, url: S3Url, key: str, etag: str | None) -> RangeError:
+def s3_error(
+    client: S3Client, err: Exception, url: S3Url, key: str, etag: str | None
+) -> RangeError:
     """The one line for a failed GET: SourceDown when no other object would fare better."""
     endpoint = client.meta.endpoint_url
     # No NoCredentialsError here: s3_client refuses to make a client without credentials.
@@ -126,7 +140,7 @@ def s3_error(client, err: Exception, url: S3Url, key: str, etag: str | None) -> 
 
 
 def fill(
-    response: dict,
+    response: GetObjectOutputTypeDef,
     view: memoryview,
     key: str,
     stop: threading.Event | None,
@@ -173,7 +187,7 @@ def read_body(
         raise IncompleteRange(f"got {got} of {len(view)} bytes")
 
 
-def direct_readinto(response: dict) -> Callable[[memoryview], int]:
+def direct_readinto(response: GetObjectOutputTypeDef) -> Callable[[memoryview], int]:
     """The fastest readinto for an S3 body: http.client's own, straight from the socket.
 
     botocore and urllib3 read through a temporary and copy it (perf: 3% of a fetch's samples;
@@ -185,5 +199,9 @@ def direct_readinto(response: dict) -> Callable[[memoryview], int]:
     http_response = getattr(raw, "_fp", None)
     encoding = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("content-encoding")
     if http_response is None or not hasattr(http_response, "readinto") or encoding:
-        return body.readinto
-    return http_response.readinto
+        # botocore's stubs type readinto's argument as IO[bytes]; it takes a writable buffer
+        # (io.RawIOBase.readinto), as http.client's does.
+        return cast(Callable[[memoryview], int], body.readinto)
+    # http.client.HTTPResponse.readinto, found through the body's private attributes above.
+    direct: Callable[[memoryview], int] = http_response.readinto
+    return direct

@@ -25,7 +25,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import urllib3
 
@@ -41,6 +41,9 @@ from pipelines.weights.publish import PublishError
 from pipelines.weights.ranges import SourceDown, Stopped
 from pipelines.weights.ringplan import S3, PlannedFile, RingPlan, load_plan
 from pipelines.weights.s3 import S3Url, s3_errors
+
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
 from pipelines.weights.sources import (
     PEER_READ_TIMEOUT_S,
     NotServed,
@@ -51,6 +54,8 @@ from pipelines.weights.sources import (
 
 # A status.json is a few KB from a neighbour: a peer that takes longer is hung, not busy.
 STATUS_TIMEOUT_S = 3.0
+# A file's fetch as a pool runs it: its publication (a Future itself), or None when stored.
+FileFetch = Future[Future[None] | None]
 
 
 class RingError(PipelineError):
@@ -101,7 +106,7 @@ class RingStager:
         plan: RingPlan,
         rank: int,
         blobs: BlobStore,
-        client,
+        client: S3Client,
         options: FetchOptions,
         peer_wait_s: float = 1800.0,
         poll_s: float = 0.25,
@@ -137,7 +142,7 @@ class RingStager:
         self.report = MemberReport()
         # Written only by the pollers, each write a new dict or set under _seen: the loops read
         # them without a lock and never see one change as they iterate it.
-        self.statuses: dict[int, dict] = {}
+        self.statuses: dict[int, dict[str, Any]] = {}  # peer -> its /status.json
         self.fetching: dict[int, float] = {}  # peer -> when its bytes from S3 last grew
         self.stalled: set[int] = set()  # peers that went silent mid-body
         self._seen = threading.Lock()
@@ -218,13 +223,13 @@ class RingStager:
         return self.report
 
     def fetch_from_peers(
-        self, files: list[PlannedFile], fetcher: Fetcher, own: dict[Future, PlannedFile]
+        self, files: list[PlannedFile], fetcher: Fetcher, own: dict[FileFetch, PlannedFile]
     ) -> None:
         """Each file from the first peer on its route that has it; S3 as the last resort."""
         pending = list(files)
         since = {f.name: time.monotonic() for f in files}
         refused: dict[str, set[int]] = {f.name: set() for f in files}
-        inflight: dict[Future, tuple[PlannedFile, int]] = {}
+        inflight: dict[FileFetch, tuple[PlannedFile, int]] = {}
         pool = ThreadPoolExecutor(self.options.files_at_once, "peer-file")
         try:
             while pending or inflight or not all(f.done() for f in own):
@@ -258,7 +263,7 @@ class RingStager:
 
     def settle_peer_file(
         self,
-        future: Future,
+        future: FileFetch,
         f: PlannedFile,
         source: int,
         fetcher: Fetcher,
@@ -411,17 +416,17 @@ class RingStager:
     def write_status(self) -> None:
         """What this member has and how far it is, for its peers (served as /status.json)."""
         entries = [entry_of(f) for f in self.plan.files]
-        missing = {e.sha256 for e in self.blobs.missing_entries(entries)}
+        missing = {e.locked_sha256 for e in self.blobs.missing_entries(entries)}
         # Bytes verified, plus the verified-order prefixes on disk: never more than the model,
         # whatever was downloaded and then refused.
-        self.done = sum(e.size for e in entries if e.sha256 not in missing) + sum(
+        self.done = sum(e.locked_size for e in entries if e.sha256 not in missing) + sum(
             part_size(self.blobs.partial_file(sha)) for sha in missing
         )
         status = {
             "rank": self.rank,
             "node": self.me.node,
             "lock_sha256": self.plan.lock_sha256,
-            "published": sorted(e.sha256 for e in entries if e.sha256 not in missing),
+            "published": sorted(e.locked_sha256 for e in entries if e.sha256 not in missing),
             "done": self.done,
             "total": self.total,
             "from_s3": self.by_origin("s3"),
@@ -446,10 +451,11 @@ class RingStager:
         self._printed = now
         took = max(now - self.started, 1e-9)
         mine = (self.done, self.by_origin("s3"), self.by_origin("peers"))
-        ring = [
-            mine[i] + sum(s.get(key, 0) for s in self.statuses.values())
-            for i, key in enumerate(("done", "from_s3", "from_peers"))
+        peers = [
+            sum(s.get(key, 0) for s in self.statuses.values())
+            for key in ("done", "from_s3", "from_peers")
         ]
+        ring = (mine[0] + peers[0], mine[1] + peers[1], mine[2] + peers[2])
         self.say(
             f"{transfer_line(*mine, self.total, took)};"
             f" ring {transfer_line(*ring, self.total * len(self.plan.members), took)}"

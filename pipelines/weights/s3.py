@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import boto3
 import botocore.config
@@ -12,6 +13,9 @@ import botocore.exceptions
 
 from pipelines.errors import BadInput, PipelineError, Unreachable
 from pipelines.s3options import MODEL_S3_OPTIONS
+
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,7 @@ class S3Url:
         return f"{self.prefix}/{name}"
 
 
-def s3_client(pool: int = 32):
+def s3_client(pool: int = 32) -> S3Client:
     """A boto3 S3 client from the standard chain (env, AWS_PROFILE, config files)."""
     session = boto3.session.Session()
     if session.get_credentials() is None:

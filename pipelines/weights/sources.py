@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import urllib3
 
@@ -18,6 +19,9 @@ from pipelines.errors import PipelineError
 from pipelines.weights.lock import LockEntry
 from pipelines.weights.ranges import BROKEN_BODY, RETRIES, RangeError, read_body, read_range
 from pipelines.weights.s3 import S3Url
+
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
 
 OnBytes = Callable[[int], None]
 
@@ -35,12 +39,30 @@ class PeerStalled(RangeError):
     """A peer that sent nothing for PEER_READ_TIMEOUT_S: no answer, or a body stopped halfway."""
 
 
+class Source(Protocol):
+    """Where a fetch reads ranges of a file from (S3Source, PeerSource)."""
+
+    origin: str  # "s3" or "peers": how the fetch counts its bytes
+    label: str  # for messages: "S3", or the peer's node
+
+    def read(
+        self,
+        entry: LockEntry,
+        start: int,
+        view: memoryview,
+        stop: threading.Event,
+        on_bytes: OnBytes,
+        throttle: OnBytes | None,
+    ) -> None:
+        """Fill view with entry's bytes from start."""
+
+
 class S3Source:
     """The model's bucket."""
 
     origin = "s3"
 
-    def __init__(self, client, url: S3Url, retries: int = RETRIES):
+    def __init__(self, client: S3Client, url: S3Url, retries: int = RETRIES):
         self.client, self.url, self.retries = client, url, retries
         self.label = "S3"
 
@@ -60,7 +82,7 @@ class S3Source:
             entry.name,
             start,
             view,
-            entry.size,
+            entry.locked_size,
             self.retries,
             stop,
             on_bytes,
@@ -120,7 +142,9 @@ class PeerSource:
                 response.release_conn()
 
     @staticmethod
-    def _check(response, entry: LockEntry, start: int, end: int, what: str) -> None:
+    def _check(
+        response: urllib3.BaseHTTPResponse, entry: LockEntry, start: int, end: int, what: str
+    ) -> None:
         """The answer is the asked range of a file of the locked size, or NotServed."""
         if response.status in (403, 404):
             response.drain_conn()

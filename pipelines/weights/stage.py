@@ -20,7 +20,7 @@ class StageError(PipelineError):
 
 def stage_plan(lock: Lock, overrides: dict[str, str] | None = None) -> dict[str, str]:
     """File name -> blob sha256 of the staged folder: the lock, with patched files swapped in."""
-    plan = {e.name: e.sha256 for e in lock.files}
+    plan = {e.name: e.locked_sha256 for e in lock.files}
     plan.update(overrides or {})
     return plan
 
@@ -58,7 +58,8 @@ def record_staged(folder: Path, lock_sha256: str) -> None:
 def staged_from(folder: Path) -> str | None:
     """The sha256 of the lock the folder was last staged from, if recorded."""
     try:
-        return json.loads(staged_record(folder).read_text())["lock_sha256"]
+        lock_sha256: str = json.loads(staged_record(folder).read_text())["lock_sha256"]
+        return lock_sha256
     except (FileNotFoundError, ValueError, KeyError, TypeError):
         return None
 

@@ -7,8 +7,12 @@ import json
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, cast
 
 from pipelines.weights.s3 import S3Url
+
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
 
 MiB = 1 << 20
 SHARDS = 48
@@ -131,7 +135,7 @@ class ChunkReader:
         return out
 
 
-def upload_synthetic(client, source: str, shape: SyntheticShape) -> int:
+def upload_synthetic(client: S3Client, source: str, shape: SyntheticShape) -> int:
     """Write the synthetic model under source in the bucket; returns the bytes uploaded."""
     from boto3.s3.transfer import TransferConfig  # loaded only when uploading
 
@@ -147,6 +151,8 @@ def upload_synthetic(client, source: str, shape: SyntheticShape) -> int:
         total += len(data)
     for n in range(1, SHARDS + 1):
         reader = ChunkReader(shard_chunks(shape, n))
-        client.upload_fileobj(reader, url.bucket, url.key(shard_name(n)), Config=config)
+        # boto3 reads a file object only through read(), which ChunkReader gives.
+        body = cast(IO[bytes], reader)
+        client.upload_fileobj(body, url.bucket, url.key(shard_name(n)), Config=config)
         total += reader.count
     return total

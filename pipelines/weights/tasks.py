@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines.errors import PipelineError
 from pipelines.paths import PATCH_SOURCE
@@ -31,6 +31,11 @@ from pipelines.weights.lock import (
 from pipelines.weights.options import WeightsSettings
 from pipelines.weights.patch import ORIG_SUFFIX, config_bytes, patch_tp3, read_config
 from pipelines.weights.stage import is_staged, record_staged, stage, stage_plan, staged_from
+
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
+
+    from pipelines.weights.ringplan import RingPlan
 
 SYNTHETIC_LOCK = "dsv41-flash-synthetic"
 
@@ -106,7 +111,7 @@ class Weights:
         self._lock: tuple[Any, Lock] | None = None
 
     @cached_property
-    def client(self):
+    def client(self) -> S3Client:
         """The S3 client (created on first use: no-op runs never need one)."""
         from pipelines.weights.s3 import s3_client
 
@@ -226,7 +231,10 @@ class Weights:
         """Files the patch step swapped in, or none."""
         if self.patch is None:
             return {}
-        return json.loads((self.engine.output(self.patch) / "overrides.json").read_text())
+        overrides: dict[str, str] = json.loads(
+            (self.engine.output(self.patch) / "overrides.json").read_text()
+        )
+        return overrides
 
     def restore_patched_blob(self) -> None:
         """Put the patched config back in the blob store from the step's output if it went."""
@@ -261,7 +269,7 @@ class Weights:
     def verify(self) -> None:
         """Re-hash every blob of the lock now (in parallel, past the stat cache); drop bad ones."""
         lock = self.complete_lock()
-        blobs = {e.name: self.blobs.blob(e.sha256).absolute() for e in lock.files}
+        blobs = {e.name: self.blobs.blob(e.locked_sha256).absolute() for e in lock.files}
         digests = self.blobs.statcache.digest_files(
             [path for path in blobs.values() if path.exists()], fresh=True
         )
@@ -287,13 +295,13 @@ class Weights:
 
     # --- ring staging ----------------------------------------------------------------------
 
-    def ring_plan(self):
+    def ring_plan(self) -> RingPlan:
         """Who fetches which file from S3 and from which peers (a pure function of the lock)."""
         from pipelines.weights.ringplan import RingNode, plan_ring
 
         lock = self.complete_lock()
         nodes = [RingNode(m.node, m.address, dict(m.links)) for m in self.profile.members]
-        entries = [(e.name, e.size, e.sha256) for e in lock.files]
+        entries = [(e.name, e.locked_size, e.locked_sha256) for e in lock.files]
         staging = self.profile.staging
         return plan_ring(
             lock.model,
@@ -383,7 +391,7 @@ class Weights:
         yield from tasks
 
 
-def answer_or_run(check):
+def answer_or_run(check: Callable[[], bool]) -> Callable[[], bool]:
     """An uptodate check that says 'run' when it cannot answer: the action then says why."""
 
     def uptodate() -> bool:
