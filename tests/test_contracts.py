@@ -64,7 +64,7 @@ def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract
 @pytest.mark.parametrize(
     ("module", "line"),
     [
-        ("images/local-sim/server.py", "import pipelines.steps"),
+        ("images/local-sim/sim/__main__.py", "import pipelines.steps"),
         ("pipelines/steps.py", "import dodo"),
     ],
 )
