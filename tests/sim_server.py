@@ -1,4 +1,4 @@
-"""Test equipment: the simulated runtime (images/local-sim/server.py) run as a process."""
+"""Test equipment: the simulated runtime (the package images/local-sim/sim) run as a process."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-SERVER = Path(__file__).resolve().parent.parent / "images" / "local-sim" / "server.py"
+IMAGE_DIR = Path(__file__).resolve().parent.parent / "images" / "local-sim"
+PACKAGE = IMAGE_DIR / "sim"
+# Run from the image folder, as the image runs it from /opt/sparkforge; -B because bytecode left
+# in the image folder would enter local-sim's build context, and so its key.
+COMMAND = [sys.executable, "-B", "-m", "sim"]
 
 
 def make_model(folder: Path) -> Path:
@@ -27,7 +31,8 @@ class Sim:
     def __init__(self, model: Path, env: dict[str, str]):
         full = {"SIM_MODEL_DIR": str(model), "SIM_PORT": "0", "SIM_SERVED_MODEL_NAME": "sim"}
         self.proc = subprocess.Popen(
-            [sys.executable, str(SERVER)],
+            COMMAND,
+            cwd=IMAGE_DIR,
             env={**full, **env},
             stderr=subprocess.PIPE,
             text=True,

@@ -270,8 +270,12 @@ def test_buildx_is_given_the_normalized_context(tmp_path, monkeypatch):
     # A copy of images/local-sim whose modes a checkout's umask could give: 600 and 700.
     shutil.copytree(IMAGES_DIR / "local-sim", tmp_path / "images" / "local-sim")
     folder = tmp_path / "images" / "local-sim"
-    (folder / "server.py").chmod(0o600)
-    (folder / "entry.sh").write_text("#!/bin/sh\nexec python3 /opt/sparkforge/server.py\n")
+    package = sorted(p.relative_to(folder).as_posix() for p in (folder / "sim").rglob("*.py"))
+    assert "sim/__main__.py" in package
+    for name in package:
+        (folder / name).chmod(0o600)
+    (folder / "sim").chmod(0o700)
+    (folder / "entry.sh").write_text("#!/bin/sh\nexec python3 -m sim\n")
     (folder / "entry.sh").chmod(0o700)
     image = load_image("local-sim", folder=tmp_path / "images")
     plan = plan_image(image, "127.0.0.1:5000", f"127.0.0.1:5000/x@{FAKE_DIGEST}", KEY, {})
@@ -284,10 +288,11 @@ def test_buildx_is_given_the_normalized_context(tmp_path, monkeypatch):
     assert modes == {
         "Dockerfile": 0o644,
         "image.yaml": 0o644,
-        "server.py": 0o644,
+        **dict.fromkeys(package, 0o644),
         "entry.sh": 0o755,
         "sparkforge-receipt.py": 0o644,
     }
+    assert os.lstat(received / "sim").st_mode & 0o7777 == 0o755  # the package's folder too
     epoch = image.spec.source_date_epoch
     assert {name: os.lstat(path).st_mtime for name, path in files.items()} == dict.fromkeys(
         files, epoch

@@ -183,8 +183,8 @@ def test_local_sim_is_built_once_per_key_and_a_changed_byte_rebuilds(
     assert engine_events(docker_client, since) == []  # no build, no container, no tag
     assert registry_writes(stack_dir) == writes  # no push
 
-    server = sim_copy / "server.py"
-    server.write_bytes(server.read_bytes() + b"# one byte more\n")
+    module = sim_copy / "sim" / "reply.py"
+    module.write_bytes(module.read_bytes() + b"# one byte more\n")
     engine = Engine(store)
     changed = ImagesOf(sim_copy, engine, copies)
     changed_key = engine.key(changed.image_step)
@@ -263,7 +263,7 @@ def test_failing_run_step_names_the_step_and_shows_the_log_tail(
     with pytest.raises(ImageError) as err:
         engine.run(images.image_step)
     message = str(err.value)
-    assert "build failed at Step 6/9 : RUN echo about to fail && exit 3" in message
+    assert "build failed at Step 7/10 : RUN echo about to fail && exit 3" in message
     assert "about to fail" in message.split("log tail:")[1]
     assert "\n" not in message
     key_tag = RegistryCache.key_tag(engine.key(images.image_step))

@@ -1,5 +1,5 @@
-"""The simulated runtime (images/local-sim/server.py): vLLM's wire shapes, its answers, and its
-timing model checked against the server-side truth it keeps."""
+"""The simulated runtime (the package images/local-sim/sim): vLLM's wire shapes, its answers,
+and its timing model checked against the server-side truth it keeps."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 import re
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 import tokenizers
-from sim_server import SERVER, Sim, make_model
+from sim_server import COMMAND, IMAGE_DIR, PACKAGE, Sim, make_model
 
 FAST = {"SIM_TTFT_S": "0.005", "SIM_DECODE_TOK_S": "5000"}
 USAGE = {"include_usage": True, "continuous_usage_stats": True}
@@ -369,15 +368,20 @@ def test_incomplete_model_folder_refuses_to_start(tmp_path: Path, breakage, name
     model = make_model(tmp_path / "model")
     breakage(model)
     env = {"SIM_MODEL_DIR": str(model), "SIM_PORT": "0"}
-    done = subprocess.run([sys.executable, str(SERVER)], env=env, capture_output=True,
-                          text=True, timeout=10)  # fmt: skip
+    done = subprocess.run(COMMAND, cwd=IMAGE_DIR, env=env, capture_output=True, text=True,
+                          timeout=10)  # fmt: skip
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and named in lines[0], done.stderr
 
 
+def test_running_the_simulator_leaves_no_bytecode_in_the_image_folder(sim: Sim) -> None:
+    # A __pycache__ there would be part of local-sim's build context: a key no CI run shares.
+    assert list(IMAGE_DIR.rglob("__pycache__")) == []
+
+
 def test_tokenizer_json_counts_like_the_server(tmp_path: Path, sim: Sim) -> None:
-    subprocess.run([sys.executable, str(SERVER), "--write-tokenizer", str(tmp_path)], check=True)
+    subprocess.run([*COMMAND, "--write-tokenizer", str(tmp_path)], cwd=IMAGE_DIR, check=True)
     tok = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     text = "the model\u2003runs\x85on a\u00a0ring\x1cof zzz 19+23  \n\t sparks."
     served = requests.post(f"{sim.url}/tokenize", json={"prompt": text}, timeout=5).json()
@@ -420,7 +424,8 @@ def test_rendered_launch_plan_sets_every_timing_field_the_server_reads() -> None
     env = plans[0].body["env"]
     # SIM_MISSING_ROUTES is test equipment (a server without /metrics), never deployed.
     untimed = {"SIM_HOST", "SIM_MISSING_ROUTES"}
-    read = set(re.findall(r'env\.get\("(SIM_\w+)"', SERVER.read_text())) - untimed
+    package = "".join(p.read_text() for p in sorted(PACKAGE.glob("*.py")))
+    read = set(re.findall(r'env\.get\("(SIM_\w+)"', package)) - untimed
     assert read - set(env) == set()
     assert env["SIM_MAX_RUNNING"] == str(sim.max_running_requests)
     assert float(env["SIM_PREFILL_TOK_S"]) == sim.prefill_tok_s

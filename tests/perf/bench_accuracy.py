@@ -3,7 +3,7 @@
 Run: .venv/bin/python tests/perf/bench_accuracy.py [--requests 16] [--skip-install]
      [--tools ours,guidellm,aiperf,vllm] [--retry-install]
 
-What it compares. The simulated runtime (images/local-sim/server.py) is started with a known
+What it compares. The simulated runtime (images/local-sim/sim) is started with a known
 timing model, twice: one token per chunk, then three tokens per chunk (as speculative decoding
 streams them). At concurrency 1 and 8 every tool gets the same load, one tool after another
 in the same run: N requests of P prompt tokens and exactly M output tokens (ignore_eos, the
@@ -50,7 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import matplotlib.pyplot as plt  # noqa: E402
 from plot import OUT  # noqa: E402  (Agg backend set there)
 
-SERVER = ROOT / "images" / "local-sim" / "server.py"
+SIM_DIR = ROOT / "images" / "local-sim"  # run from there: `python -m sim`, as in the image
+# -B: bytecode left in the image folder would enter local-sim's build context and its key.
+SIM = [sys.executable, "-B", "-m", "sim"]
 VENVS = OUT / "venvs"
 RUNS = OUT / "accuracy"
 MODEL = "sim"
@@ -166,7 +168,7 @@ def make_tokenizer(folder: Path) -> Path:
     skip_special_tokens (guidellm's synthetic prompts are decoded so, and would shrink
     from 256 tokens to a handful); as a plain word it is one token to the server too.
     """
-    subprocess.run([sys.executable, str(SERVER), "--write-tokenizer", str(folder)], check=True)
+    subprocess.run([*SIM, "--write-tokenizer", str(folder)], cwd=SIM_DIR, check=True)
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": int(BASE_MODEL["SIM_MAX_MODEL_LEN"]),
@@ -182,9 +184,7 @@ class Simulator:
     def __init__(self, model: Path, env: dict[str, str]):
         full = {**os.environ, **env, "SIM_MODEL_DIR": str(model), "SIM_PORT": "0"}
         full["SIM_SERVED_MODEL_NAME"] = MODEL
-        self.proc = subprocess.Popen(
-            [sys.executable, str(SERVER)], env=full, stderr=subprocess.PIPE, text=True
-        )
+        self.proc = subprocess.Popen(SIM, cwd=SIM_DIR, env=full, stderr=subprocess.PIPE, text=True)
         line = self.proc.stderr.readline()
         if "serving" not in line:
             self.proc.kill()

@@ -80,8 +80,8 @@ def main() -> None:
         for _ in range(args.runs):
             folder = Path(tmp) / uuid.uuid4().hex / "local-sim"
             shutil.copytree(REPO / "images" / "local-sim", folder)
-            server = folder / "server.py"  # a changed byte in a COPY: that step and after rerun
-            server.write_text(server.read_text() + f"# {folder.parent.name}\n")
+            module = folder / "sim" / "reply.py"  # a changed byte in a COPY: it and after rerun
+            module.write_text(module.read_text() + f"# {folder.parent.name}\n")
             engine = Engine(store)  # a fresh one per run: keys are memoized per engine
             images = ImagesOf(folder, engine, site)
             engine.key(images.image_step)  # the plan's key, outside the timing (as before)
