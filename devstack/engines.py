@@ -53,7 +53,7 @@ def dockerd_marker(name: str) -> Callable[[Path], str]:
 
 
 def dockerd_command(name: str, address: str) -> Callable[[Settings, Mapping[str, str]], Command]:
-    """The command of a private dockerd in folder `name`: vfs, no bridge or iptables."""
+    """The command of a private dockerd in folder `name`: no bridge or iptables."""
 
     def command(cfg: Settings, credentials: Mapping[str, str]) -> Command:
         folder = cfg.directory / name
@@ -67,13 +67,14 @@ def dockerd_command(name: str, address: str) -> Callable[[Settings, Mapping[str,
             )
         # An empty daemon config: /etc/docker/daemon.json may set hosts or storage that clash.
         (folder / "daemon.json").write_text("{}\n")
+        # No --storage-driver: dockerd takes overlay2 where the kernel and the folder's
+        # filesystem allow it (a container starts without copying its image), else vfs.
         argv = [
             system_binary("dockerd", "docker.io"),
             f"--config-file={folder / 'daemon.json'}",
             "--iptables=false",
             "--ip6tables=false",
             "--bridge=none",
-            "--storage-driver=vfs",
             dockerd_marker(name)(cfg.directory),
             f"--exec-root={folder / 'exec'}",
             f"--host={getattr(cfg, address)}",

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -27,56 +30,104 @@ SHARED_STACK = os.environ.get(SHARED_STACK_ENV, "")
 TEST_STACK_DIR = Path(SHARED_STACK or local_stack.REPO_ROOT / ".stack-test").absolute()
 os.environ[local_stack.STACK_DIR_ENV] = str(TEST_STACK_DIR)
 PORT_ATTEMPTS = 5
-# pytester: the skip policy's own test runs a small session of its own.
-pytest_plugins = ["pytester"]
+# One test session, however many pytest-xdist workers it runs in: the controller names it before
+# the workers start (they inherit its environment), and the first worker that needs the stack
+# starts it for all of them, recording the session's name and the port variables it chose.
+SESSION_ENV = "SPARKFORGE_TEST_SESSION"
+STARTED_BY = TEST_STACK_DIR / "session.json"
+PORT_VARIABLES = (local_stack.S3_PORT_ENV, local_stack.REGISTRY_PORT_ENV, SSH_PORT_ENV)
+# pytester: the skip policy's own test runs a small session of its own. support.deploying: the
+# deploy tests' module fixtures (space, world, ring), one instance per test module.
+pytest_plugins = ["pytester", "support.deploying"]
 
 
-def stopped_test_stack() -> None:
-    """The tests' stack stopped, its logs gone (they tell the next start's port collisions)."""
-    local_stack.down()
-    for log in TEST_STACK_DIR.glob("*.log"):
+def stopped_stack(directory: Path) -> None:
+    """A stack folder's services stopped, its logs gone (they tell the next start's port
+    collisions)."""
+    local_stack.down(directory)
+    for log in directory.glob("*.log"):
         log.unlink()
 
 
-def start_test_stack() -> local_stack.Endpoints:
-    """The tests' stack on spare ports, anew: what a killed session left is stopped first."""
-    stopped_test_stack()
-    engine_before = os.environ.get(ENGINE_ENV)
+def start_stack(directory: Path, **variables: str) -> dict[str, str]:
+    """A stack in directory on spare ports, anew (what a killed session left is stopped
+    first); the port variables it runs on. `variables` hold for the start only."""
+    stopped_stack(directory)
     for _ in range(PORT_ATTEMPTS):
-        s3_port, registry_port, ssh_port = spare_stack_ports()
-        os.environ[local_stack.S3_PORT_ENV] = str(s3_port)
-        os.environ[local_stack.REGISTRY_PORT_ENV] = str(registry_port)
-        os.environ[SSH_PORT_ENV] = str(ssh_port)
-        # Never an engine the user runs: the reproducibility tests wipe the engine's images.
-        # Set for this call only: the stack tests' second stacks use a foreign engine on purpose.
-        os.environ[ENGINE_ENV] = "own"
+        ports = dict(zip(PORT_VARIABLES, map(str, spare_stack_ports()), strict=True))
         try:
-            return local_stack.up()
+            with pytest.MonkeyPatch.context() as env:
+                # Never an engine the user runs: the reproducibility tests wipe an engine's
+                # images. For this start only: the stack tests' second stacks use a foreign one.
+                for name, value in {**ports, ENGINE_ENV: "own", **variables}.items():
+                    env.setenv(name, value)
+                local_stack.up(directory)
+            return ports
         except local_stack.StackError as err:
             # A spare port taken between the check and the bind: another go on other ports.
-            logs = TEST_STACK_DIR.glob("*.log")
+            logs = directory.glob("*.log")
             taken = "already in use" in str(err) or any(
                 "address already in use" in log.read_text(errors="replace") for log in logs
             )
-            stopped_test_stack()
+            stopped_stack(directory)
             if not taken:
                 raise
-        finally:
-            if engine_before is None:
-                os.environ.pop(ENGINE_ENV)
-            else:
-                os.environ[ENGINE_ENV] = engine_before
     pytest.fail(f"spare ports were taken by other processes {PORT_ATTEMPTS} times in a row")
 
 
+def is_controller(config: pytest.Config) -> bool:
+    """Whether this process runs the session itself (alone, or as pytest-xdist's controller)."""
+    return not hasattr(config, "workerinput")
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Fail the session for any skip on CI's machine kind (tests/support/skips.py)."""
+    """Name the session; fail it for any skip on CI's machine kind (tests/support/skips.py)."""
+    if is_controller(config):
+        os.environ[SESSION_ENV] = uuid.uuid4().hex
     config.pluginmanager.register(SkipPolicy(local_stack.REPO_ROOT), "sparkforge-skips")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the tests' stack once every worker is done, if this session started it."""
+    if is_controller(session.config) and not SHARED_STACK and started_here():
+        local_stack.down()
+        STARTED_BY.unlink(missing_ok=True)
+
+
+def started_here() -> bool:
+    """Whether the stack running from the tests' folder was started by this session."""
+    try:
+        record = json.loads(STARTED_BY.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and record.get("session") == os.environ[SESSION_ENV]
+
+
+def session_stack() -> local_stack.Endpoints:
+    """The stack of this session: started by the first worker to ask, then shared."""
+    TEST_STACK_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with (TEST_STACK_DIR / "session.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the workers wait here while the first one starts it
+        if started_here():
+            os.environ.update(json.loads(STARTED_BY.read_text())["environment"])
+            return local_stack.read_endpoints()
+        chosen = start_stack(TEST_STACK_DIR)
+        # Every doit a test runs finds this stack's ports (devstack reads them from here).
+        os.environ.update(chosen)
+        STARTED_BY.write_text(
+            json.dumps({"session": os.environ[SESSION_ENV], "environment": chosen})
+        )
+        return local_stack.read_endpoints()
 
 
 # Fixtures that start real services: the local stack, and the ring tests' three members
 # behind their own S3 in network namespaces (tests/test_weights_ring.py).
 SERVICE_FIXTURES = {"stack", "ring"}
+
+
+# Files whose tests build a ring in network namespaces: one ring at a time fits on a host (its
+# subnets are fixed), so pytest-xdist runs these files on one worker, one after the other.
+RING_FILES = {"test_ringnet.py", "test_weights_ring.py"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -87,16 +138,45 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.stack)
 
 
+def xdist_scope(nodeid: str) -> str:
+    """The scope pytest-xdist keeps on one worker: a test's file (its module fixtures are made
+    once), the ring files together."""
+    path = nodeid.split("::", 1)[0]
+    return "ring files" if Path(path).name in RING_FILES else path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """pytest-xdist's scheduling by scope, with xdist_scope as the scope."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return ByFile(config, log)
+
+
 @pytest.fixture(scope="session")
 def stack():
-    """The tests' own stack's Endpoints; started here and stopped at the end of the session
-    (its logs kept for a look at what failed), or the shared one, as it is."""
+    """The tests' own stack's Endpoints, started once for every worker of the session and
+    stopped when the session ends (its logs kept for a look at what failed), or the shared
+    one, as it is."""
     if SHARED_STACK:
         yield local_stack.read_endpoints()
         return
-    endpoints = start_test_stack()
-    yield endpoints
-    local_stack.down()
+    yield session_stack()
+
+
+@pytest.fixture(scope="module")
+def private_engine(stack, tmp_path_factory):
+    """A Docker client for an engine of one module's own, for tests that wipe an engine's
+    images while the other workers build and run on the session's engine."""
+    directory = tmp_path_factory.mktemp("engine")
+    start_stack(directory, **{local_stack.RING_ENV: "off"})
+    client = local_stack.docker_client(local_stack.read_endpoints(directory))
+    yield client
+    client.close()
+    stopped_stack(directory)
 
 
 @pytest.fixture(scope="session")

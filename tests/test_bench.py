@@ -63,6 +63,7 @@ def sim_truth(sim: Sim) -> dict:
     return requests.get(f"{sim.url}/sim/requests", timeout=10).json()
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("per_chunk", [1, 3])
 @pytest.mark.parametrize("concurrency", [1, 8])
 def test_ttft_window_and_aggregate_are_within_2_percent_of_the_truth(sims, concurrency, per_chunk):

@@ -9,19 +9,18 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path
 
 import pytest
+from support.doit import run_doit
 
 from pipelines import statcache
 from pipelines.images.build import buildx_build, plan_image
 from pipelines.images.context import BuildContext, context_tar
 from pipelines.images.spec import ImageError, load_image
-from pipelines.paths import IMAGES_DIR, LOCKS_DIR, RECEIPT, REPO_ROOT
+from pipelines.paths import IMAGES_DIR, LOCKS_DIR, RECEIPT
 
 FAKE_DIGEST = "sha256:" + "ab" * 32
 KEY = "0" * 64
@@ -155,14 +154,7 @@ def test_stat_cache_records_a_digest_only_once_the_files_ctime_is_racy_ns_old(
 def test_fetch_weights_refuses_an_unlocked_lock_in_one_line(tmp_path):
     """`doit fetch_weights profile=tp3-ring`: its lock has no sha256 yet; one line, no traceback."""
     env = {**os.environ, "SPARKFORGE_STORE": str(tmp_path / "store")}
-    result = subprocess.run(
-        [sys.executable, "-m", "doit", "fetch_weights", "profile=tp3-ring"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_doit("fetch_weights", "profile=tp3-ring", env=env, timeout=120)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert "Traceback" not in output

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.doit import run_doit
 
 from pipelines.statcache import StatCache
 from pipelines.weights.blobs import BlobStore
@@ -23,14 +23,7 @@ def doit(stack, tmp_path):
     env = {**os.environ, "SPARKFORGE_STORE": str(tmp_path / "store")}
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "doit", *args],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        return run_doit(*args, env=env, timeout=300)
 
     return run
 

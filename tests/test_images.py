@@ -197,9 +197,9 @@ def test_local_sim_is_built_once_per_key_and_a_changed_byte_rebuilds(
 
 
 def test_two_clean_builds_give_one_digest_where_plain_docker_build_gives_two(
-    stack, copies, local_base, sim_copy, docker_client, tmp_path
+    copies, local_base, sim_copy, private_engine, tmp_path
 ):
-    assert "docker" in stack.started, "the tests run on the stack's own engine (conftest)"
+    docker_client = private_engine  # wiped below: an engine no other test uses
     plan = ImagesOf(sim_copy, Engine(Store(tmp_path / "store")), copies).plan()
     # A plain `docker build` of the same folder needs the receipt writer in it too.
     shutil.copyfile(RECEIPT, sim_copy / "sparkforge-receipt.py")
@@ -223,7 +223,7 @@ def test_two_clean_builds_give_one_digest_where_plain_docker_build_gives_two(
 
 
 def test_a_clean_build_of_local_sim_gives_the_digest_the_registry_holds_for_its_key(
-    stack, registry, site, local_base, docker_client, tmp_path
+    site, local_base, private_engine, tmp_path
 ):
     # Reproducible across runs, machines and versions of this code: the registry's image of
     # a key was built before (by an earlier version, maybe), and a build now must match it.
@@ -231,14 +231,13 @@ def test_a_clean_build_of_local_sim_gives_the_digest_the_registry_holds_for_its_
     images = Images(stages.context(load_profile("local"), engine, site))
     engine.run(images.image_step)  # the registry holds the key from now on (built, or found)
     pushed = images.image_ref().rsplit("@", 1)[1]
-    assert "docker" in stack.started, "the tests run on the stack's own engine (conftest)"
-    wipe_engine(docker_client)  # no cached steps: a clean build
+    wipe_engine(private_engine)  # no cached steps: a clean build
     with tempfile.TemporaryDirectory(dir=tmp_path) as work:
-        assert build_image(docker_client, images.plan(), "engine", Path(work)).digest == pushed
+        assert build_image(private_engine, images.plan(), "engine", Path(work)).digest == pushed
 
 
 def wipe_engine(client) -> None:
-    """Remove every image from the stack's own engine (and with them its build cache)."""
+    """Remove every image from an engine (and with them its build cache)."""
     for _ in range(10):  # a parent goes only after its children: a few passes
         images = client.images.list(all=True)
         if not images:

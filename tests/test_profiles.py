@@ -3,10 +3,10 @@
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.doit import run_doit
 
 from pipelines.profiles import PROFILES_DIR, ProfileError, available_profiles, load_profile
 
@@ -136,12 +136,7 @@ def test_member_in_a_list_with_a_typo_is_named_by_index(tmp_path):
 
 
 def test_doit_with_a_bad_profile_exits_nonzero_with_one_line():
-    result = subprocess.run(
-        [sys.executable, "-m", "doit", "list", "profile=no-such-ring"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    result = run_doit("list", "profile=no-such-ring")
     assert result.returncode != 0
     assert result.stderr.strip().count("\n") == 0
     assert "profile 'no-such-ring'" in result.stderr and "tp3-ring" in result.stderr
@@ -151,9 +146,7 @@ def doit_without_a_stack(tmp_path: Path, *args: str) -> subprocess.CompletedProc
     """doit in the checkout with the local stack's folder empty: nothing runs, nothing recorded."""
     env = {**os.environ, "SPARKFORGE_STACK_DIR": str(tmp_path / "no-stack")}
     env["SPARKFORGE_STORE"] = str(tmp_path / "store")
-    return subprocess.run(
-        [sys.executable, "-m", "doit", *args], cwd=REPO, env=env, capture_output=True, text=True
-    )
+    return run_doit(*args, env=env)
 
 
 # What `doit list` shows for every profile: one task per stage at least, whatever is running.

@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from support.doit import run_doit
 
 from pipelines.cache import remote_cache
 from pipelines.cache.entries import parse_index
@@ -72,14 +73,7 @@ def doit(
     if "trusted" in extra:
         env["SPARKFORGE_CACHE_TRUSTED_KEYS"] = extra.pop("trusted")
     env.update(extra)
-    return subprocess.run(
-        [sys.executable, "-m", "doit", "build", "profile=local"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return run_doit("build", "profile=local", env=env)
 
 
 def said(output: str, verb: str) -> set[str]:

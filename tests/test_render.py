@@ -13,6 +13,7 @@ import pytest
 import yaml
 from staged_tp3 import staged_tp3_render
 from support import stages
+from support.doit import run_doit
 
 from pipelines.errors import PipelineError
 from pipelines.paths import PATCH_SOURCE, PROFILES_DIR, RENDER_DIR
@@ -165,12 +166,7 @@ def test_a_pair_no_renderer_covers_is_refused_with_one_line(tmp_path):
 def test_doit_refuses_an_uncovered_pair_when_the_profile_loads(tmp_path):
     path = kubernetes_sglang_profile(PROFILES_DIR)
     try:
-        result = subprocess.run(
-            [sys.executable, "-m", "doit", "list", f"profile={path.stem}"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-        )
+        result = run_doit("list", f"profile={path.stem}")
     finally:
         path.unlink()
     assert result.returncode != 0

@@ -309,6 +309,7 @@ def timing_errors(records: list[dict], ttft: float, interval: float) -> tuple[fl
     return ttft_err, interval_err
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("streams", [1, 8])
 def test_ttft_and_decode_rate_follow_the_timing_model(start, streams: int) -> None:
     # Spans long enough that a late wake-up is a small part of them: on two busy cores eight

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import ringrun
 import urllib3
+from support.doit import run_doit
 
 from devstack.netns import LinkError
 from devstack.ringnet import RingNet, default_scratch, refused_here, ring_network
@@ -216,13 +217,7 @@ def test_doit_plan_weights_prints_who_fetches_what_from_where(tmp_path, stack_en
     ring_profile(tmp_path, "ring3", TRIANGLE_MEMBERS)
     env = {**os.environ, **stack_env, "SPARKFORGE_PROFILES": str(tmp_path)}
     env["SPARKFORGE_STORE"] = str(tmp_path / "store")
-    done = subprocess.run(
-        [sys.executable, "-m", "doit", "plan_weights", "profile=ring3"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    done = run_doit("plan_weights", "profile=ring3", env=env)
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "54 files, 98.6 MB, 3 members over the ring's links" in out

@@ -1,0 +1,196 @@
+"""The deploy tests' world: a store, profiles folder and registry namespace per test module
+(its fixtures, imported by each tests/test_deploy*.py), and the calls they make of it."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import subprocess
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+import requests
+import yaml
+from conftest import delete_repository
+from support.doit import run_doit
+
+from pipelines.images.registry import ACCEPT
+from pipelines.paths import PROFILES_DIR
+
+REPO = Path(__file__).resolve().parent.parent.parent
+
+
+def free_port() -> int:
+    """A port nothing listens on now (the simulator binds it a few seconds later)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive ports nothing listens on now."""
+    while True:
+        first = free_port()
+        if all(port_is_free(first + i) for i in range(1, count)):
+            return first
+
+
+def port_is_free(port: int) -> bool:
+    """Whether nothing holds port on 127.0.0.1."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def space(stack, tmp_path_factory, docker_client):
+    """A store, a profiles folder and a registry namespace of the module's own (the image is
+    built once for all its tests); its containers and tags are removed at the end."""
+    root = tmp_path_factory.mktemp("deploy")
+    profiles = root / "profiles"
+    profiles.mkdir()
+    namespace = f"sparkforge-test-{uuid.uuid4().hex[:8]}"
+    # Names of the module's own: its profiles, hence its containers, which it removes at the end
+    # while other modules' run beside them on the same engines.
+    prefix = f"deploytest{uuid.uuid4().hex[:6]}"
+    env = {
+        **os.environ,
+        "SPARKFORGE_STORE": str(root / "store"),
+        "SPARKFORGE_PROFILES": str(profiles),
+        "SPARKFORGE_REGISTRY_NAMESPACE": namespace,
+        "SPARKFORGE_DEPLOY_TIMEOUT": "15",
+    }
+    repository = f"{namespace}/sparkforge/local-sim"
+    yield {
+        "env": env,
+        "profiles": profiles,
+        "store": root / "store",
+        "repository": repository,
+        "prefix": prefix,
+    }
+    engines = [docker_client]
+    if len(stack.docker_hosts) > 1:
+        engines.append(docker.DockerClient(base_url=second_engine(stack)))
+    for client in engines:
+        for container in client.containers.list(all=True, filters={"name": prefix}):
+            container.remove(force=True)
+    delete_repository(stack.registry, repository)
+
+
+def second_engine(stack) -> str:
+    """The stack's second engine, straight on its socket (the tests' own view of it)."""
+    return f"unix://{stack.docker_hosts[1].split('127.0.0.1:', 1)[1].split('/', 1)[1]}"
+
+
+def make_world(space, stack, base: str, name: str) -> dict:
+    """A profile called name made from profiles/<base>.yaml on free ports, in the space."""
+    profile = yaml.safe_load((PROFILES_DIR / f"{base}.yaml").read_text())
+    profile["name"] = name
+    profile["simulator"]["port"] = free_ports(len(profile["members"]))
+    (space["profiles"] / f"{name}.yaml").write_text(yaml.safe_dump(profile))
+    return {
+        **space,
+        "name": name,
+        "profile": profile,
+        "url": f"http://127.0.0.1:{profile['simulator']['port']}",
+        "registry": stack.registry,
+    }
+
+
+@pytest.fixture(scope="module")
+def world(space, stack):
+    """One member on the stack's engine (the local profile, renamed, on a free port)."""
+    return make_world(space, stack, "local", space["prefix"])
+
+
+@pytest.fixture(scope="module")
+def ring(space, stack):
+    """Two members: one on the stack's engine, one on its second engine over ssh://."""
+    return make_world(space, stack, "local-ring", f"{space['prefix']}ring")
+
+
+def doit(world, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """Run doit in the checkout on the test's profile, store and namespace."""
+    return run_doit(*args, f"profile={world['name']}", env={**world["env"], **env})
+
+
+def tag_digest(world, tag: str) -> str | None:
+    """The digest a tag of the test's repository points to, if any."""
+    r = requests.head(
+        f"http://{world['registry']}/v2/{world['repository']}/manifests/{tag}",
+        headers={"Accept": ACCEPT},
+        timeout=10,
+    )
+    return r.headers["Docker-Content-Digest"] if r.status_code == 200 else None
+
+
+def served_models(world) -> list[str]:
+    """The model names the deployed service lists."""
+    answer = requests.get(f"{world['url']}/v1/models", timeout=5).json()
+    return [card["id"] for card in answer["data"]]
+
+
+def member(docker_client, name: str, rank: int = 0):
+    """A member's container (of the profile called name)."""
+    return docker_client.containers.get(f"sparkforge-{name}-{rank}")
+
+
+def records(world) -> list[dict]:
+    """The deployment records, oldest first."""
+    folder = world["store"] / "deployments" / world["name"]
+    return [
+        json.loads(p.read_text()) for p in sorted(folder.glob("*.json"), key=lambda p: int(p.stem))
+    ]
+
+
+def derived_image(world, docker_client, tag: str, cmd: list[str] | None = None) -> str:
+    """An image made from the deployed one (another CMD, a label), pushed; returns its digest."""
+    base = member(docker_client, world["name"]).attrs["Config"]["Image"]
+    lines = [f"FROM {base}", f"LABEL dev.sparkforge.test={tag}"]
+    if cmd:
+        lines.append(f"CMD {json.dumps(cmd)}")
+    ref = f"{world['registry']}/{world['repository']}"
+    docker_client.images.build(fileobj=io.BytesIO("\n".join(lines).encode()), tag=f"{ref}:{tag}")
+    docker_client.images.push(ref, tag=tag)
+    return tag_digest(world, tag)
+
+
+def deploy_variant(world, profile: dict, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """`doit deploy` with the test's profile replaced by profile for this one run."""
+    path = world["profiles"] / f"{world['name']}.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    try:
+        return doit(world, "deploy", *args, **env)
+    finally:
+        path.write_text(yaml.safe_dump(world["profile"]))
+
+
+def deployed(world):
+    """The latest deploy, made sure to have served."""
+    result = doit(world, "deploy")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def serves_on(port: int) -> list[str]:
+    """The model names a member on this machine's port lists."""
+    answer = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()
+    return [card["id"] for card in answer["data"]]
+
+
+def ring_containers(ring, stack, docker_client) -> list:
+    """The ring's two containers: rank 0 on the first engine, rank 1 on the second."""
+    second = docker.DockerClient(base_url=second_engine(stack))
+    return [member(docker_client, ring["name"], 0), member(second, ring["name"], 1)]
+
+
+def bench_results(world) -> list[Path]:
+    """The bench's result folders of the test's profile, oldest first."""
+    return sorted((world["store"] / "bench" / world["name"]).glob("*"))

@@ -1,0 +1,59 @@
+"""The suite's lanes: a file's tests on one pytest-xdist worker, the ring files on one between
+them, one stack for every worker of a session, and the timing tests kept out of the parallel run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from conftest import (
+    PORT_VARIABLES,
+    RING_FILES,
+    SESSION_ENV,
+    SHARED_STACK,
+    STARTED_BY,
+    started_here,
+    xdist_scope,
+)
+
+import devstack as local_stack
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_a_files_tests_share_a_worker_and_the_ring_files_share_one():
+    deploy = xdist_scope("tests/test_deploy.py::test_a[x-y]")
+    assert deploy == xdist_scope("tests/test_deploy.py::test_b")
+    assert deploy != xdist_scope("tests/test_deploy_ring.py::test_a")
+    ringnet, staging = (xdist_scope(f"tests/{name}::test_a") for name in sorted(RING_FILES))
+    assert ringnet == staging
+
+
+def test_every_file_that_builds_a_ring_is_a_ring_file():
+    # A ring takes fixed subnets: two files building one on two workers at once collide.
+    building = {
+        path.name
+        for path in TESTS.glob("test_*.py")
+        if re.search(r"\bring_network\(", path.read_text())
+    }
+    assert building and building <= RING_FILES
+
+
+def test_every_worker_of_a_session_uses_the_one_stack_it_started(stack):
+    if SHARED_STACK:  # started outside the session, never by it
+        assert not started_here()
+        return
+    record = json.loads(STARTED_BY.read_text())
+    assert record["session"] == os.environ[SESSION_ENV]
+    assert record["environment"] == {name: os.environ[name] for name in PORT_VARIABLES}
+    assert stack.s3_url.endswith(f":{os.environ[local_stack.S3_PORT_ENV]}")
+
+
+def test_the_test_command_runs_the_timing_tests_alone_after_the_rest():
+    lines = (TESTS.parent / "scripts" / "test").read_text().splitlines()
+    parallel = next(i for i, line in enumerate(lines) if '-m "not timing"' in line)
+    assert " -n " in lines[parallel]
+    alone = next(i for i, line in enumerate(lines) if "-m timing" in line)
+    assert parallel < alone and " -n " not in lines[alone]
