@@ -1,10 +1,12 @@
-"""Progress of long transfers: a live display on a terminal, plain periodic lines otherwise."""
+"""The one progress printer: plain lines (`say`, `transfer_line`) for every long job (fetch,
+ring staging, bench, image builds), and a live display of a transfer on a terminal."""
 
 from __future__ import annotations
 
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import Protocol, TextIO
 
 from rich.console import Console
@@ -42,6 +44,25 @@ class ProgressSink(Protocol):
 
     def close(self) -> None:
         """Stop showing."""
+
+
+def say(prefix: str, text: str, stream: TextIO | None = None) -> None:
+    """One plain line, `prefix: text`, flushed at once (a CI log shows it as it happens)."""
+    print(f"{prefix}: {text}", file=sys.stdout if stream is None else stream, flush=True)
+
+
+def transfer_line(
+    done: int, total: int, moved: int, took: float, sources: Sequence[tuple[str, int]] = ()
+) -> str:
+    """Bytes done of total and by source, the rate of the bytes moved, and the ETA at that rate
+    (done may count bytes that were already there; only moved ones make the rate)."""
+    rate = moved / took if took > 0 else 0.0
+    left = max(total - done, 0) / rate if rate > 0 else None
+    pct = 100 * done / total if total else 100.0
+    text = f"{human_bytes(done)} / {human_bytes(total)} ({pct:.0f}%)"
+    for name, count in sources:
+        text += f", {human_bytes(count)} from {name}"
+    return f"{text}, {rate / 1e6:.0f} MB/s, ETA {eta(left)}"
 
 
 class Progress:
@@ -95,15 +116,9 @@ class Progress:
                 self._rich.advance(self._tasks[name], n)
 
     def line(self) -> str:
-        """One plain line: bytes done of total, rate, ETA, and the big files."""
+        """One plain line, less the label: bytes done of total, rate, ETA, and the big files."""
         took = max(time.monotonic() - self.started, 1e-9)
-        rate = self.done / took
-        left = (self.total - self.done) / rate if rate > 0 else None
-        pct = 100 * self.done / self.total if self.total else 100.0
-        text = (
-            f"{self.label}: {human_bytes(self.done)} / {human_bytes(self.total)} ({pct:.0f}%)"
-            f" {rate / 1e6:.0f} MB/s ETA {eta(left)}"
-        )
+        text = transfer_line(self.done, self.total, self.done, took)
         bigs = [
             f"{name} {100 * done / max(self.sizes[name], 1):.0f}%"
             for name, done in self.per_file.items()
@@ -113,7 +128,7 @@ class Progress:
 
     def _print_lines(self) -> None:
         while not self._stop.wait(self.interval):
-            print(self.line(), file=self.stream, flush=True)
+            say(self.label, self.line(), self.stream)
 
     def close(self) -> None:
         """Stop the display and print the closing line."""
@@ -121,7 +136,7 @@ class Progress:
         if self._rich:
             self._rich.stop()
         else:
-            print(self.line(), file=self.stream, flush=True)
+            say(self.label, self.line(), self.stream)
 
 
 class NoProgress:

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pipelines import progress
 from pipelines.bench.gate import check_baseline, gate_rows
 from pipelines.bench.load import Cell, CellSpec, run_cell
 from pipelines.bench.needles import FILLER, run_needle
@@ -42,7 +43,7 @@ def sweep_body(model: str, prompt_tokens: int, max_tokens: int) -> Callable[[int
 
 def say(line: str) -> None:
     """A progress line (plain: it reads the same on a terminal and in CI's log)."""
-    print(f"bench: {line}", flush=True)
+    progress.say("bench", line)
 
 
 def cell_line(cell: Cell) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -22,6 +23,7 @@ from pipelines.images.spec import (
     LocalBase,
     load_image,
 )
+from pipelines.progress import say
 from pipelines.stage import Context
 from pipelines.steps import Step, StepRun, side_task
 
@@ -216,8 +218,12 @@ class Images:
             )
         client = self._docker_client() if builder == "engine" else None
         layers = LayerCache(self.engine.store.area("layers"))
+        # A start line before the silent part: a build of a GB10 image takes hours.
+        say("image", f"building {plan.name} with {builder}, key {plan.key[:16]}")
+        started = time.monotonic()
         build_image(client, plan, builder, run.out, layers)
-        print(f"image: built with {builder}, key {plan.key[:16]}")
+        took = time.monotonic() - started
+        say("image", f"built with {builder}, key {plan.key[:16]}, in {took:.0f} s")
 
     def _docker_client(self) -> DockerClient:
         """A Docker SDK client for the engine the edge named."""

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import urllib3
 
 from pipelines.errors import BadInput, PipelineError, run_main
-from pipelines.progress import NoProgress, eta, human_bytes
+from pipelines.progress import NoProgress, human_bytes, say, transfer_line
 from pipelines.statcache import StatCache
 from pipelines.weights.blobs import BlobStore
 from pipelines.weights.blobserver import BlobServer
@@ -81,14 +81,10 @@ def part_size(path: Path) -> int:
         return 0
 
 
-def transfer_line(done: int, from_s3: int, from_peers: int, total: int, took: float) -> str:
+def ring_transfer_line(done: int, from_s3: int, from_peers: int, total: int, took: float) -> str:
     """Bytes done of total, by source, the rate over the network and the ETA at that rate."""
-    rate = (from_s3 + from_peers) / took
-    left = max(total - done, 0) / rate if rate > 0 else None
-    return (
-        f"{human_bytes(done)} / {human_bytes(total)} ({100 * done / max(total, 1):.0f}%),"
-        f" {human_bytes(from_s3)} from S3, {human_bytes(from_peers)} from peers,"
-        f" {rate / 1e6:.0f} MB/s, ETA {eta(left)}"
+    return transfer_line(
+        done, total, from_s3 + from_peers, took, [("S3", from_s3), ("peers", from_peers)]
     )
 
 
@@ -457,8 +453,8 @@ class RingStager:
         ]
         ring = (mine[0] + peers[0], mine[1] + peers[1], mine[2] + peers[2])
         self.say(
-            f"{transfer_line(*mine, self.total, took)};"
-            f" ring {transfer_line(*ring, self.total * len(self.plan.members), took)}"
+            f"{ring_transfer_line(*mine, self.total, took)};"
+            f" ring {ring_transfer_line(*ring, self.total * len(self.plan.members), took)}"
         )
 
     def by_origin(self, origin: str) -> int:
@@ -467,7 +463,7 @@ class RingStager:
 
     def say(self, text: str) -> None:
         """One plain line, prefixed with this member's node."""
-        print(f"stage_ring {self.me.node}: {text}", file=self.stream, flush=True)
+        say(f"stage_ring {self.me.node}", text, self.stream)
 
 
 def stage_model(folder: Path, plan: RingPlan, blobs: BlobStore) -> None:
