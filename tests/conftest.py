@@ -131,11 +131,15 @@ RING_FILES = {"test_ringnet.py", "test_weights_ring.py"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `stack` every test that reaches a fixture starting services, however indirectly:
-    the fast lane is `pytest -m "not stack"`, which starts none."""
+    """Mark `stack` every test that reaches a fixture starting services, however indirectly
+    (the fast lane is `pytest -m "not stack"`, which starts none); then put the files with such
+    tests first, each file's tests in their order: pytest-xdist hands files out in this order,
+    and the long ones started last would run on alone at the end."""
     for item in items:
         if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.stack)
+    with_services = {item.path for item in items if item.get_closest_marker("stack")}
+    items.sort(key=lambda item: item.path not in with_services)
 
 
 def xdist_scope(nodeid: str) -> str:
