@@ -36,9 +36,9 @@ PORT_ATTEMPTS = 5
 SESSION_ENV = "SPARKFORGE_TEST_SESSION"
 STARTED_BY = TEST_STACK_DIR / "session.json"
 PORT_VARIABLES = (local_stack.S3_PORT_ENV, local_stack.REGISTRY_PORT_ENV, SSH_PORT_ENV)
-# pytester: the skip policy's own test runs a small session of its own. support.deploying: the
-# deploy tests' module fixtures (space, world, ring), one instance per test module.
-pytest_plugins = ["pytester", "support.deploying"]
+# pytester: the skip policy's own test runs a small session of its own. support.deploying and
+# support.model_bucket: the deploy and weights tests' fixtures, module ones made per test module.
+pytest_plugins = ["pytester", "support.deploying", "support.model_bucket"]
 
 
 def stopped_stack(directory: Path) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import test_weights
+from support.model_bucket import fetch
 from test_weights_partial import cached_bytes, direct_io_here
 
 from pipelines import statcache
@@ -24,11 +25,6 @@ from pipelines.weights import publish as publish_module
 from pipelines.weights.fetch import FetchError
 from pipelines.weights.lock import Lock
 from pipelines.weights.partial import ALIGN
-
-# The model uploaded once for this module, and an empty blob store per test (as there).
-synthetic = test_weights.synthetic
-blobs = test_weights.blobs
-fetch = test_weights.fetch
 
 
 class RecordingSync:

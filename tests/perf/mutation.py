@@ -63,7 +63,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     ),
     "fetch": (
         ["pipelines/weights/fetch.py", "pipelines/weights/ranges.py", "pipelines/weights/blobs.py"],
-        ["tests/test_weights.py"],
+        ["tests/test_weights.py", "tests/test_weights_ranges.py"],
     ),
     # validate.py and the layers it calls: the CRD schemas, the operator's rules, policy.
     "validators": (

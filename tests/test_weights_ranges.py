@@ -1,0 +1,285 @@
+"""A fetch's ranges against answers that break or are not what was asked: dropped connections,
+ranges that keep breaking, waits, rate limits, a whole body for a range, a replaced object."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.server
+import os
+import socket
+import threading
+import time
+
+import boto3
+import botocore.config
+import pytest
+from support.model_bucket import fetch, fresh_source
+
+from pipelines.progress import NoProgress
+from pipelines.s3options import MODEL_S3_OPTIONS
+from pipelines.weights import bucket as bucket_module
+from pipelines.weights import fetch as fetch_module
+from pipelines.weights import ranges as ranges_module
+from pipelines.weights.bucket import hash_bucket
+from pipelines.weights.fetch import FetchError, RateLimiter
+from pipelines.weights.lock import (
+    Lock,
+    LockEntry,
+)
+from pipelines.weights.ranges import RangeError
+from pipelines.weights.s3 import S3Url
+
+BIG = "model-00047-of-00048.safetensors"
+
+
+class CuttingProxy:
+    """A TCP proxy to the real S3 that cuts every third (every) connection after 300 kB of reply."""
+
+    def __init__(self, target_port: int, every: int = 3):
+        self.target = ("127.0.0.1", target_port)
+        self.every = every
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.connections = 0
+        self.cuts = 0
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            self.connections += 1
+            cut = self.connections % self.every == 0
+            upstream = socket.create_connection(self.target)
+            threading.Thread(target=self.pipe, args=(client, upstream, None), daemon=True).start()
+            limit = 300_000 if cut else None
+            threading.Thread(target=self.pipe, args=(upstream, client, limit), daemon=True).start()
+
+    def pipe(self, src: socket.socket, dst: socket.socket, limit: int | None) -> None:
+        sent = 0
+        try:
+            while data := src.recv(65536):
+                if limit is not None and sent + len(data) > limit:
+                    self.cuts += 1
+                    break
+                dst.sendall(data)
+                sent += len(data)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def proxied_client(proxy: CuttingProxy, stack, stack_env):
+    """A boto3 client for the stack's S3 through the proxy, as the pipeline configures one."""
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=f"http://127.0.0.1:{proxy.port}",
+        region_name=stack.s3_region,
+        aws_access_key_id=stack_env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=stack_env["AWS_SECRET_ACCESS_KEY"],
+        config=botocore.config.Config(max_pool_connections=4, **MODEL_S3_OPTIONS),
+    )
+
+
+def test_dropped_connections_are_retried_and_the_file_still_verifies(
+    synthetic, blobs, stack, stack_env
+):
+    _, lock = synthetic
+    entry = lock.entry(BIG)
+    one = Lock(model=lock.model, source=lock.source, files=[entry])
+    proxy = CuttingProxy(int(stack.s3_url.rsplit(":", 1)[1]))
+    client = proxied_client(proxy, stack, stack_env)
+    try:
+        report = fetch(client, one, blobs, part_size=1 << 20, workers=4)
+    finally:
+        proxy.close()
+    assert proxy.cuts > 0
+    assert report.fetched == [BIG]
+    assert report.downloaded > entry.size  # the cut ranges came again
+    assert blobs.is_intact(entry.sha256, entry.size)
+
+
+def test_a_range_that_keeps_breaking_fails_in_one_line_naming_bytes_and_tries(
+    synthetic, blobs, stack, stack_env
+):
+    source, lock = synthetic
+    one = Lock(model=lock.model, source=source, files=[lock.entry(BIG)])
+    proxy = CuttingProxy(int(stack.s3_url.rsplit(":", 1)[1]), every=1)
+    try:
+        with pytest.raises(FetchError) as err:
+            fetch(
+                proxied_client(proxy, stack, stack_env),
+                one,
+                blobs,
+                part_size=1 << 20,
+                workers=1,
+                ahead=1,
+                retries=1,
+            )
+    finally:
+        proxy.close()
+    key = S3Url.parse(source).key(BIG)
+    assert str(err.value) == f"{key}: bytes 0-1048575 broke 2 times (IncompleteRange)"
+    assert proxy.cuts == 2
+    assert blobs.missing(one) == one.files
+
+
+class FakeClock:
+    """A clock that moves only when slept on, recording each sleep."""
+
+    def __init__(self):
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_a_broken_range_is_retried_after_doubling_waits_capped_at_5_seconds(
+    synthetic, blobs, stack, stack_env, monkeypatch
+):
+    source, lock = synthetic
+    one = Lock(model=lock.model, source=source, files=[lock.entry(BIG)])
+    clock = FakeClock()
+    monkeypatch.setattr(ranges_module, "time", clock)
+    proxy = CuttingProxy(int(stack.s3_url.rsplit(":", 1)[1]), every=1)
+    try:
+        with pytest.raises(FetchError, match="broke 7 times"):
+            fetch(
+                proxied_client(proxy, stack, stack_env),
+                one,
+                blobs,
+                part_size=1 << 20,
+                workers=1,
+                ahead=1,
+                retries=6,
+            )
+    finally:
+        proxy.close()
+    assert proxy.cuts == 7
+    assert clock.sleeps == pytest.approx([0.2, 0.4, 0.8, 1.6, 3.2, 5.0])
+
+
+def test_a_rate_limit_makes_each_read_wait_until_the_bytes_before_it_are_paid(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(fetch_module, "time", clock)
+    limiter = RateLimiter(1000.0)
+    limiter.take(500)  # the first read owes nothing yet
+    assert clock.sleeps == []
+    limiter.take(500)
+    limiter.take(2000)
+    assert clock.sleeps == pytest.approx([0.5, 0.5])
+    clock.now += 10  # idle: the 2000 bytes are paid, and idle time is no credit for a burst
+    limiter.take(1000)
+    limiter.take(1000)
+    assert clock.sleeps == pytest.approx([0.5, 0.5, 1.0])
+    unlimited = RateLimiter(None)
+    unlimited.take(10**9)
+    assert clock.sleeps == pytest.approx([0.5, 0.5, 1.0])
+
+
+class WholeBody(http.server.BaseHTTPRequestHandler):
+    """An endpoint (or proxy) that ignores Range: every GET gets 200 and the whole object."""
+
+    body = b""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.send_header("ETag", f'"{hashlib.md5(self.body).hexdigest()}"')
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def client_for(endpoint: str, max_attempts: int = 5):
+    """A boto3 client as the pipeline configures one, for endpoint, with test keys."""
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+        config=botocore.config.Config(
+            **{**MODEL_S3_OPTIONS, "retries": {"max_attempts": max_attempts, "mode": "standard"}}
+        ),
+    )
+
+
+def test_an_endpoint_that_ignores_range_fails_in_one_line_and_nothing_is_locked_or_stored(
+    blobs, monkeypatch
+):
+    data = os.urandom(3 << 20)
+    handler = type("Handler", (WholeBody,), {"body": data})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = client_for(f"http://127.0.0.1:{server.server_port}")
+        url = S3Url.parse("s3://models/ignores-range/m")
+        entry = LockEntry(name="w.bin", size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        lock = Lock(model="m", source="s3://models/ignores-range/m", files=[entry])
+        expected = (
+            "ignores-range/m/w.bin: asked for bytes 0-1048575/3145728, S3 answered HTTP 200"
+            " with Content-Range None"
+        )
+        with pytest.raises(FetchError) as err:
+            fetch(client, lock, blobs, part_size=1 << 20)
+        assert str(err.value) == expected
+        assert blobs.missing(lock) == [entry]
+        monkeypatch.setattr(bucket_module, "RANGE", 1 << 20)  # hash_bucket's, scaled down
+        listed = {"size": len(data), "etag": "x"}
+        with pytest.raises(RangeError) as err:
+            bucket_module.hash_object(client, url, "w.bin", listed, NoProgress())
+        assert str(err.value) == expected
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_unreachable_endpoint_stops_the_fetch_in_one_line_naming_it(synthetic, blobs):
+    _, lock = synthetic
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]  # nothing listens there once it is closed
+    started = time.monotonic()
+    with pytest.raises(FetchError) as err:
+        fetch(client_for(f"http://127.0.0.1:{port}", max_attempts=2), lock, blobs)
+    assert str(err.value) == f"S3 endpoint http://127.0.0.1:{port}: unreachable" + (
+        " (EndpointConnectionError)"
+    )
+    assert time.monotonic() - started < 30
+    assert os.listdir(blobs.blobs) == []
+
+
+def test_an_object_replaced_while_it_is_locked_fails_in_one_line(s3, monkeypatch):
+    # Of one size: the range's Content-Range cannot tell them apart, only the ETag can.
+    old, new = os.urandom(3 << 20), os.urandom(3 << 20)
+    listed = bucket_module.list_objects
+
+    def replaced_after_listing(client, url: S3Url) -> dict[str, dict]:
+        objects = listed(client, url)
+        client.put_object(Bucket=url.bucket, Key=url.key("w.bin"), Body=new)
+        return objects
+
+    monkeypatch.setattr(bucket_module, "list_objects", replaced_after_listing)
+    with fresh_source(s3, "replaced") as source:
+        url = S3Url.parse(source)
+        etag = s3.put_object(Bucket=url.bucket, Key=url.key("w.bin"), Body=old)["ETag"].strip('"')
+        with pytest.raises(RangeError) as err:
+            hash_bucket(s3, "m", source, previous=None)
+    key = url.key("w.bin")
+    assert str(err.value) == f"{key}: replaced while it was read (its ETag is no longer {etag})"
