@@ -12,8 +12,8 @@ from pathlib import Path
 
 import docker.errors
 import pytest
-from conftest import delete_repository
 from support import stages
+from support.stack import delete_repository
 
 import devstack as local_stack
 from pipelines.images import Images
@@ -33,8 +33,6 @@ from pipelines.settings import read_settings
 from pipelines.site import Site
 from pipelines.steps import Engine
 from pipelines.store import Store
-
-WRITES = re.compile(r'"(PUT|POST|PATCH) /v2/')
 
 
 class ImagesOf(Images):
@@ -89,9 +87,11 @@ def sim_copy(tmp_path):
     return folder
 
 
-def registry_writes(stack_dir: Path) -> int:
-    """Write requests the registry has logged so far (pushes of blobs and manifests)."""
-    return len(WRITES.findall((stack_dir / "registry.log").read_text()))
+def registry_writes(stack_dir: Path, repository: str) -> int:
+    """Write requests to a repository the registry has logged so far (pushes of blobs and
+    manifests; other workers push to other repositories meanwhile)."""
+    log = (stack_dir / "registry.log").read_text()
+    return len(re.findall(rf'"(?:PUT|POST|PATCH) /v2/{re.escape(repository)}/', log))
 
 
 def engine_events(client, since: float) -> list[dict]:
@@ -150,12 +150,15 @@ def test_sglang_image_refuses_a_second_visible_nccl(tmp_path):
 
 
 def test_local_sim_is_built_once_per_key_and_a_changed_byte_rebuilds(
-    stack, registry, copies, local_base, sim_copy, docker_client, tmp_path, capsys
+    stack, registry, copies, local_base, sim_copy, private_stack, private_engine, tmp_path, capsys
 ):
     stack_dir = local_stack.resolve_dir()
     store = Store(tmp_path / "store")  # one store (and stat cache) across the "runs" below
+    # Built on an engine of the module's own: its events are this test's alone (other workers
+    # build and run containers on the session's engine meanwhile).
+    site = Site(lambda: (stack.registry, (private_stack.docker_host,)), copies.namespace)
     engine = Engine(store)
-    images = ImagesOf(sim_copy, engine, copies)
+    images = ImagesOf(sim_copy, engine, site)
     key = engine.key(images.image_step)
     repository = images.image_step.cache.repository
     assert repository.endswith("/sparkforge/local-sim")  # under the copies' own namespace
@@ -172,21 +175,21 @@ def test_local_sim_is_built_once_per_key_and_a_changed_byte_rebuilds(
     assert images.plan().base == local_base
 
     # A second run (a new process: a fresh engine) finds the key in the registry.
-    since, writes = time.time(), registry_writes(stack_dir)
+    since, writes = time.time(), registry_writes(stack_dir, repository)
     engine = Engine(store)
-    again = ImagesOf(sim_copy, engine, copies)
+    again = ImagesOf(sim_copy, engine, site)
     assert engine.key(again.image_step) == key
     assert engine.is_done(again.image_step)
     engine.run(again.image_step)
     assert f"image: found {key[:16]} in registry" in capsys.readouterr().out
     assert again.image_ref() == f"{stack.registry}/{repository}@{digest}"
-    assert engine_events(docker_client, since) == []  # no build, no container, no tag
-    assert registry_writes(stack_dir) == writes  # no push
+    assert engine_events(private_engine, since) == []  # no build, no container, no tag
+    assert registry_writes(stack_dir, repository) == writes  # no push
 
     module = sim_copy / "sim" / "reply.py"
     module.write_bytes(module.read_bytes() + b"# one byte more\n")
     engine = Engine(store)
-    changed = ImagesOf(sim_copy, engine, copies)
+    changed = ImagesOf(sim_copy, engine, site)
     changed_key = engine.key(changed.image_step)
     assert changed_key != key
     assert not engine.is_done(changed.image_step)

@@ -8,15 +8,8 @@ import os
 import re
 from pathlib import Path
 
-from conftest import (
-    PORT_VARIABLES,
-    RING_FILES,
-    SESSION_ENV,
-    SHARED_STACK,
-    STARTED_BY,
-    started_here,
-    xdist_scope,
-)
+from conftest import RING_FILES, xdist_scope
+from support.stack import PORT_VARIABLES, SESSION_ENV, SHARED_STACK, STARTED_BY, started_here
 
 import devstack as local_stack
 

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from conftest import delete_repository  # noqa: E402
+from support.stack import delete_repository  # noqa: E402
 
 import devstack  # noqa: E402
 from pipelines.cache.signing import keygen  # noqa: E402

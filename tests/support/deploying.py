@@ -15,8 +15,8 @@ import docker
 import pytest
 import requests
 import yaml
-from conftest import delete_repository
 from support.doit import run_doit
+from support.stack import delete_repository
 
 from pipelines.images.registry import ACCEPT
 from pipelines.paths import PROFILES_DIR
