@@ -80,7 +80,8 @@ try:
     DEPLOY = deploy.Deploy(
         CONTEXT, render=RENDER.step, tags=IMAGES, model=WEIGHTS.outputs, stager=STAGER.published
     )
-    FABRIC = fabric.Fabric(CONTEXT, render=RENDER.step)  # rings with a data plane to check
+    # Rings with a data plane to check; a check older than the live deployment is stale.
+    FABRIC = fabric.Fabric(CONTEXT, render=RENDER.step, live=DEPLOY.live_record)
     BENCH = bench.Bench(CONTEXT, live=DEPLOY.live, fabric_refusal=FABRIC.refusal)
 except PipelineError as err:
     # Before any task: one line and the error's code (2 for a bad profile or setting, README's

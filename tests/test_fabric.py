@@ -374,7 +374,9 @@ def fabric_stage(
     image = SGLANG if name == "tp4-ring" else VLLM
     render = stages.render_stage(profile, engine, image)
     engine.run(render.step)
-    stage = Fabric(stages.context(profile, engine, expect=expect), render=render.step)
+    stage = Fabric(
+        stages.context(profile, engine, expect=expect), render=render.step, live=lambda: None
+    )
     launcher = replay if callable(replay) else (lambda profile, settings: replay)
     stage.settings = dataclasses.replace(stage.settings, launcher=launcher, timeout_s=timeout_s)
     return stage
@@ -405,31 +407,42 @@ def test_a_socket_fallback_fails_the_check_in_lines_and_keeps_one_result_with_pr
     assert result["measured"]["largest"]["busbw"] == 2.93
     assert result["expectations"]["transport"] == "NET/IB"
     assert len(list(path.parent.glob(f"{path.stem}-*.log"))) == 4  # each member's raw log
-    verdict = fabric_verdict(stage.engine.store, "tp4-ring")
+    verdict = fabric_verdict(stage.engine.store, "tp4-ring", None)
     assert verdict.passed is False and verdict.when is not None
-    assert "failed: transport: 32 of 32" in fabric_refusal(stage.engine.store, "tp4-ring")
+    assert "failed: transport: 32 of 32" in fabric_refusal(stage.engine.store, "tp4-ring", None)
 
 
 def test_a_passing_check_lets_the_bench_start_until_a_newer_deployment(tmp_path):
     stage = fabric_stage(tmp_path, "tp3-ring", Replay(fixture("torch-p2p.log")), "P2P>=200")
-    assert fabric_verdict(stage.engine.store, "tp3-ring") == (False, None)
+    store = stage.engine.store
+    assert fabric_verdict(store, "tp3-ring", None) == (False, None)
     stage.check()
-    passed, when = fabric_verdict(stage.engine.store, "tp3-ring")
+    passed, when = fabric_verdict(store, "tp3-ring", None)
     assert passed is True and when is not None
-    deployments = stage.engine.store.area("deployments") / "tp3-ring"
-    deployments.mkdir(parents=True)
-    record = {"outcome": "deployed", "deployment": {"key": stage.engine.key(stage.render)}}
-    (deployments / f"{time.time_ns()}.json").write_text(json.dumps(record))
-    passed, _ = fabric_verdict(stage.engine.store, "tp3-ring")
-    assert passed is False
-    assert "is older than the deployment" in fabric_refusal(stage.engine.store, "tp3-ring")
+    # The live deployment as deploy publishes it (Deploy.live_record): newer than the check.
+    key = stage.engine.key(stage.render)
+    live = {"outcome": "deployed", "deployment": {"key": key}, "time_ns": time.time_ns()}
+    assert fabric_verdict(store, "tp3-ring", live).passed is False
+    assert "is older than the deployment" in fabric_refusal(store, "tp3-ring", live)
     stage.check()
-    assert fabric_verdict(stage.engine.store, "tp3-ring").passed is True
-    other = {"outcome": "deployed", "deployment": {"key": "f" * 64}}
-    (deployments / f"{time.time_ns() - 10**9}.json").write_text(json.dumps(other))
-    assert fabric_verdict(stage.engine.store, "tp3-ring").passed is True  # older, not newest
-    (deployments / f"{time.time_ns()}.json").write_text(json.dumps({"outcome": "rolled back"}))
-    assert fabric_verdict(stage.engine.store, "tp3-ring").passed is True  # not a live one
+    assert fabric_verdict(store, "tp3-ring", live).passed is True
+    other = {**live, "deployment": {"key": "f" * 64}}
+    assert "ran documents rendered for" in fabric_refusal(store, "tp3-ring", other)
+    # Deploy's own files are not the fabric's to read: only what deploy publishes counts.
+    deployments = store.area("deployments") / "tp3-ring"
+    deployments.mkdir(parents=True)
+    (deployments / f"{time.time_ns()}.json").write_text(json.dumps({**other, "time_ns": 0}))
+    assert fabric_verdict(store, "tp3-ring", live).passed is True
+
+
+def test_deploys_published_live_record_is_the_newest_running_one_with_its_time(tmp_path):
+    from pipelines.deploy.records import Records
+
+    records = Records(tmp_path / "deployments" / "tp3-ring")
+    first = records.write({"outcome": "deployed", "deployment": {"key": "a" * 64}})
+    records.write({"outcome": "rolled back", "deployment": {"key": "b" * 64}})
+    (live,) = records.live()
+    assert (live["deployment"]["key"], live["time_ns"]) == ("a" * 64, int(first.stem))
 
 
 def test_a_member_that_does_not_finish_is_a_failure_line(tmp_path):

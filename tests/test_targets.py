@@ -54,6 +54,7 @@ def test_each_profile_gets_its_targets_backend_and_launcher(tmp_path, name, back
     fabric = Fabric(
         stages.context(profile, engine),
         render=stages.render_stage(profile, engine, "registry.example/x@sha256:" + "a" * 64).step,
+        live=lambda: None,
     )
     assert type(fabric_launcher(fabric)).__name__ == launcher
     assert target_of(profile).stages_in_render == (backend == "Kubernetes")

@@ -51,7 +51,8 @@ class Records:
             return []
         records = []
         for path in sorted(self.folder.glob("*.json"), key=lambda p: int(p.stem)):
-            records.append({**json.loads(path.read_text()), "file": path.name})
+            record = json.loads(path.read_text())
+            records.append({**record, "file": path.name, "time_ns": int(path.stem)})
         return records
 
     def live(self) -> list[dict[str, Any]]:

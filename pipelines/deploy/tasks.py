@@ -277,6 +277,14 @@ class Deploy:
         except PipelineError as err:
             print(f"deploy: the restored deployment does not serve yet: {err}")
 
+    def live_record(self) -> dict[str, Any] | None:
+        """The record of the deployment running now, `time_ns` its time (None: none).
+
+        Published for the fabric stage: a check older than it, or of other documents, is stale.
+        """
+        live = self.records.live()
+        return live[-1] if live else None
+
     def live(self) -> dict[str, Any] | None:
         """The deployment running now, as its record plus `endpoint` (None: nothing deployed).
 

@@ -1,7 +1,7 @@
 """The fabric stage: an all-reduce across a ring's members, checked against the profile.
 
 Publishes its results in the store and the bench's gate on them: `fabric_verdict(store,
-profile)` -> (passed, when), `fabric_refusal` -> the one line saying why not.
+profile, deployed)` -> (passed, when), `fabric_refusal` -> the one line saying why not.
 """
 
 from pipelines.fabric.records import Verdict, fabric_refusal, fabric_verdict

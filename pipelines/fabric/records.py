@@ -1,8 +1,8 @@
-"""Fabric results in the store, beside the deployment records, and the bench's verdict on them.
+"""Fabric results in the store, and the bench's verdict on them against the live deployment.
 
 `<store>/fabric/<profile>/<ns>.json` holds one result (and `<ns>-<rank>.log` each member's raw
-log); `<store>/deployments/<profile>/<ns>.json` are the deploy stage's records, read here as the
-published files they are (outcome, deployment key).
+log). The live deployment is what the deploy stage publishes (`Deploy.live_record`: its record,
+`time_ns` and `deployment.key`), handed in by dodo.py; its files are never read here.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from pipelines.store import Store
 
 PASSED = "passed"
 FAILED = "failed"
-LIVE = ("deployed", "unchanged", "restored")  # deploy's outcomes after which it is running
 
 
 class Verdict(NamedTuple):
@@ -47,24 +46,22 @@ def write_result(store: Store, result: dict[str, Any], logs: dict[int, str]) -> 
     return path
 
 
-def newest(folder: Path, live_only: bool = False) -> dict[str, Any] | None:
-    """The newest `<ns>.json` record of a folder (live deployments only, if asked)."""
+def newest(folder: Path) -> dict[str, Any] | None:
+    """The newest `<ns>.json` result of a folder, `time_ns` its time."""
     if not folder.is_dir():
         return None
     paths = sorted(
         (p for p in folder.glob("*.json") if p.stem.isdigit()), key=lambda p: int(p.stem)
     )
-    for path in reversed(paths):
-        record = json.loads(path.read_text())
-        if not live_only or record.get("outcome") in LIVE:
-            return {**record, "time_ns": int(path.stem)}
-    return None
+    if not paths:
+        return None
+    return {**json.loads(paths[-1].read_text()), "time_ns": int(paths[-1].stem)}
 
 
-def fabric_refusal(store: Store, profile: str) -> str | None:
-    """Why the bench must not start (one line), or None when the fabric check allows it."""
+def fabric_refusal(store: Store, profile: str, deployed: dict[str, Any] | None) -> str | None:
+    """Why the bench must not start (one line), or None when the fabric check allows it;
+    deployed is the live deployment's record (None: nothing deployed)."""
     check = newest(results_folder(store, profile))
-    deployed = newest(store.area("deployments") / profile, live_only=True)
     if check is None:
         return f"fabric: profile {profile}: no fabric check; run `doit fabric profile={profile}`"
     when = stamp(check["time_ns"])
@@ -86,11 +83,11 @@ def fabric_refusal(store: Store, profile: str) -> str | None:
     return None
 
 
-def fabric_verdict(store: Store, profile: str) -> Verdict:
+def fabric_verdict(store: Store, profile: str, deployed: dict[str, Any] | None) -> Verdict:
     """(passed, when): the bench starts only when passed; when is the newest check's time."""
     check = newest(results_folder(store, profile))
     when = datetime.fromtimestamp(check["time_ns"] / 1e9, UTC) if check else None
-    return Verdict(fabric_refusal(store, profile) is None, when)
+    return Verdict(fabric_refusal(store, profile, deployed) is None, when)
 
 
 def stamp(ns: int) -> str:

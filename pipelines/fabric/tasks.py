@@ -79,11 +79,18 @@ class Fabric:
 
     name = "fabric"
 
-    def __init__(self, context: Context, *, render: Step):
+    def __init__(
+        self,
+        context: Context,
+        *,
+        render: Step,
+        live: Callable[[], dict[str, Any] | None],
+    ):
         settings = context.settings
         self.profile = context.profile
         self.engine = context.engine
         self.render = render
+        self.live = live  # deploy's published live deployment record
         self.settings = FabricSettings(
             context.site,
             context.who,
@@ -95,8 +102,8 @@ class Fabric:
     @property
     def refusal(self) -> Callable[[], str | None] | None:
         """Why the bench must not start (one line, or None when it may); None: no fabric."""
-        store, name = self.engine.store, self.profile.name
-        return (lambda: fabric_refusal(store, name)) if self.profile.fabric else None
+        store, name, live = self.engine.store, self.profile.name, self.live
+        return (lambda: fabric_refusal(store, name, live())) if self.profile.fabric else None
 
     def expectations(self) -> Expectations:
         """The hand-given expectation, else the profile's."""
