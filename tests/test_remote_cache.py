@@ -17,7 +17,7 @@ import pytest
 from support.doit import run_doit
 
 from pipelines.cache import remote_cache
-from pipelines.cache.entries import parse_index
+from pipelines.cache.entries import MAX_INDEX_BYTES, Refused, check_entry, parse_index
 from pipelines.cache.signing import keygen, sign, signing_key
 from pipelines.errors import PipelineError
 from pipelines.keys import canonical_json
@@ -156,8 +156,64 @@ def test_second_store_does_no_step_work_and_restores_every_output_verified(cache
     assert uploaded(second.stdout) == set()
 
 
+OVERSIZED = MAX_INDEX_BYTES + 1
+KEY = "a" * 64
+
+
+def index_of(files: list[dict], dirs: list[str], key: str = KEY) -> dict:
+    """A well-formed index for key, of these files and folders."""
+    return {"format": 1, "key": key, "record": {"key": key}, "files": files, "dirs": dirs}
+
+
+def entry_file(path: str) -> dict:
+    """An index entry for an empty file at path."""
+    return {"path": path, "size": 0, "sha256": hashlib.sha256(b"").hexdigest(), "mode": 0o644}
+
+
 @pytest.mark.parametrize(
-    "damage", ["truncated object", "flipped byte", "missing object", "truncated index"]
+    ("data", "reason"),
+    [
+        (b"[" * 100_000, "index unreadable (100000 bytes"),
+        (b" " * OVERSIZED, f"index of {OVERSIZED} bytes or more, over the {MAX_INDEX_BYTES}"),
+    ],
+    ids=["nested too deep", "oversized"],
+)
+def test_an_unreadable_index_is_one_refusal_never_a_crash(data, reason):
+    with pytest.raises(Refused) as refused:
+        check_entry(data, KEY, {})
+    assert str(refused.value).startswith(reason)
+
+
+@pytest.mark.parametrize(
+    ("files", "dirs", "key", "reason"),
+    [
+        (["a", "a/b"], [], KEY, "index: path 'a/b' is inside 'a', which is a file"),
+        (["a"], ["a/c/d"], KEY, "index: path 'a/c/d' is inside 'a', which is a file"),
+        (["../outside"], [], KEY, "index: path '../outside' leaves the output folder"),
+        (["/etc/passwd"], [], KEY, "index: path '/etc/passwd' leaves the output folder"),
+        (["ok"], ["x/./y"], KEY, "index: path 'x/./y' leaves the output folder"),
+        (["ok"], [], "b" * 64, "index is for another key"),
+    ],
+    ids=["file under a file", "folder under a file", "dot-dot", "absolute", "dot", "other key"],
+)
+def test_a_signed_index_of_a_bad_shape_is_refused(files, dirs, key, reason):
+    # Signed by a trusted key or not, the index itself must be safe to restore (a signer's
+    # mistake, or a valid entry copied under another step's key).
+    with pytest.raises(Refused) as refused:
+        parse_index(index_of([entry_file(f) for f in files], dirs, key), KEY, "signer")
+    assert str(refused.value) == reason
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "truncated object",
+        "flipped byte",
+        "missing object",
+        "truncated index",
+        "index nested too deep",
+        "oversized index",
+    ],
 )
 def test_a_damaged_entry_is_refused_in_one_line_and_rebuilt(cache, keys, s3, tmp_path, damage):
     prefix = copy_cache(s3, cache, damage.replace(" ", "-"))
@@ -172,9 +228,12 @@ def test_a_damaged_entry_is_refused_in_one_line_and_rebuilt(cache, keys, s3, tmp
         s3.put_object(Bucket=BUCKET, Key=obj, Body=bytes(data))
     elif damage == "missing object":
         s3.delete_object(Bucket=BUCKET, Key=obj)
-    else:
+    elif damage == "truncated index":
         data = s3.get_object(Bucket=BUCKET, Key=f"{prefix}/entries/{key}.json")["Body"].read()
         s3.put_object(Bucket=BUCKET, Key=f"{prefix}/entries/{key}.json", Body=data[:100])
+    else:  # written by anyone who can write the bucket: no signature needed to be parsed
+        body = b"[" * 100_000 if damage == "index nested too deep" else b" " * OVERSIZED
+        s3.put_object(Bucket=BUCKET, Key=f"{prefix}/entries/{key}.json", Body=body)
     run = doit(cache, tmp_path / "store", prefix, None, trusted=keys["trusted"][1])
     assert run.returncode == 0, run.stdout + run.stderr
     refusals = [line for line in run.stdout.splitlines() if "refused" in line]
@@ -184,6 +243,9 @@ def test_a_damaged_entry_is_refused_in_one_line_and_rebuilt(cache, keys, s3, tmp
         "flipped byte": "(corrupted)",
         "missing object": "missing (a partial entry)",
         "truncated index": "index unreadable",
+        "index nested too deep": "index unreadable (100000 bytes",
+        # Refused on its size, unread (the header's exact size, not "or more" after a read).
+        "oversized index": f"index of {OVERSIZED} bytes, over the {MAX_INDEX_BYTES} allowed",
     }[damage]
     assert expected in refusals[0] and refusals[0].endswith("building it here")
     assert said(run.stdout, "built") == {"render"}
@@ -228,6 +290,35 @@ def test_a_forged_entry_is_refused(cache, keys, s3, tmp_path, forgery):
     assert said(run.stdout, "built") == {"render"}
     out = next(p for p in (tmp_path / "store" / "steps").glob("*/out/launch-*.yaml"))
     assert b"attacker" not in out.read_bytes()
+
+
+def test_a_signed_entry_that_cannot_be_restored_here_is_refused_and_built(
+    cache, keys, s3, tmp_path
+):
+    # Valid, signed by the trusted key, and still impossible to write here: a name longer than
+    # the filesystem allows. The restore's own error becomes the one refusal line.
+    prefix = copy_cache(s3, cache, "unrestorable")
+    key, entry = entry_of(s3, prefix, cache["store"], "render")
+    index = entry["index"]
+    index["files"][0]["path"] = "x" * 300
+    trusted = signing_key(keys["trusted"][0])
+    signed = {
+        "index": index,
+        "signer": keys["trusted"][1],
+        "signature": sign(trusted, canonical_json(index)),
+    }
+    s3.put_object(
+        Bucket=BUCKET, Key=f"{prefix}/entries/{key}.json", Body=json.dumps(signed).encode()
+    )
+    run = doit(cache, tmp_path / "store", prefix, None, trusted=keys["trusted"][1])
+    assert run.returncode == 0, run.stdout + run.stderr
+    refusals = [line for line in run.stdout.splitlines() if "refused" in line]
+    assert (
+        len(refusals) == 1
+        and "restoring it: OSError: [Errno 36] File name too long" in (refusals[0])
+    ), refusals
+    assert said(run.stdout, "built") == {"render"}
+    assert "Traceback" not in run.stdout + run.stderr
 
 
 @pytest.mark.parametrize("mode", ["SPARKFORGE_CACHE_READONLY=1", "no signing key"])

@@ -23,6 +23,9 @@ from pipelines.keys import canonical_json
 
 FORMAT = 1
 HEX64 = re.compile(r"[0-9a-f]{64}")
+# An index lists a step's files: kilobytes for this pipeline's steps. A bigger object in a bucket
+# others can write is refused before it is read (nor parsed into memory).
+MAX_INDEX_BYTES = 4 << 20
 
 
 class Refused(PipelineError):
@@ -88,10 +91,12 @@ class Entry:
 
 def check_entry(data: bytes, key: str, trusted: dict[str, Ed25519PublicKey]) -> Entry:
     """The entry of key from its bytes, or Refused: unreadable, untrusted, forged, malformed."""
+    if len(data) > MAX_INDEX_BYTES:
+        raise Refused(f"index of {len(data)} bytes or more, over the {MAX_INDEX_BYTES} allowed")
     try:
         envelope = json.loads(data)
         index, signer, signature = envelope["index"], envelope["signer"], envelope["signature"]
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):  # RecursionError: nested too deep
         raise Refused(f"index unreadable ({len(data)} bytes; truncated or not an entry)") from None
     if not isinstance(signer, str) or not isinstance(signature, str):
         raise Refused("index has no signer or signature")
@@ -127,6 +132,11 @@ def parse_index(index: Any, key: str, signer: str) -> Entry:
             raise Refused(f"index: bad mode for {f.path}")
     if len({f.path for f in files} | set(dirs)) != len(files) + len(dirs):
         raise Refused("index names a path twice")
+    file_paths = {f.path for f in files}
+    for path in [*file_paths, *dirs]:
+        inside = next((str(p) for p in PurePosixPath(path).parents if str(p) in file_paths), None)
+        if inside is not None:
+            raise Refused(f"index: path {path!r} is inside {inside!r}, which is a file")
     return Entry(dict(index["record"]), files, dirs, signer)
 
 

@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from pipelines import errors
-from pipelines.cache.entries import EntryFile, Refused, check_entry, make_entry, output_files
+from pipelines.cache.entries import (
+    MAX_INDEX_BYTES,
+    EntryFile,
+    Refused,
+    check_entry,
+    make_entry,
+    output_files,
+)
 from pipelines.errors import BadInput, PipelineError
 from pipelines.s3options import S3_CLIENT_OPTIONS
 
@@ -142,8 +149,11 @@ class RemoteCache:
             with s3_errors("S3 read"):
                 client = self.client
                 try:
-                    body = client.get_object(Bucket=self.bucket, Key=self.entry_key(key))["Body"]
-                    data = body.read()
+                    got = client.get_object(Bucket=self.bucket, Key=self.entry_key(key))
+                    size = got.get("ContentLength", 0)
+                    if size > MAX_INDEX_BYTES:  # refused unread
+                        raise Refused(f"index of {size} bytes, over the {MAX_INDEX_BYTES} allowed")
+                    data = got["Body"].read(MAX_INDEX_BYTES + 1)  # whatever the header said
                 except botocore.exceptions.ClientError as err:
                     if missing(err):
                         return None
@@ -153,10 +163,13 @@ class RemoteCache:
             raise
         with s3_errors("S3 read"):
             entry = check_entry(data, key, self.trusted)
-            for folder in entry.dirs:
-                (out / folder).mkdir(parents=True, exist_ok=True)
-            with ThreadPoolExecutor(WORKERS) as pool:
-                list(pool.map(lambda f: self.download(f, out), entry.files))
+            try:
+                for folder in entry.dirs:
+                    (out / folder).mkdir(parents=True, exist_ok=True)
+                with ThreadPoolExecutor(WORKERS) as pool:
+                    list(pool.map(lambda f: self.download(f, out), entry.files))
+            except OSError as err:  # a shape the checks above missed: built here all the same
+                raise Refused(f"restoring it: {type(err).__name__}: {err}") from None
         return entry.record
 
     def download(self, f: EntryFile, out: Path) -> None:
