@@ -321,6 +321,27 @@ def test_a_signed_entry_that_cannot_be_restored_here_is_refused_and_built(
     assert "Traceback" not in run.stdout + run.stderr
 
 
+def test_an_object_planted_under_a_files_hash_is_replaced_not_trusted_by_its_size(
+    cache, keys, s3, tmp_path
+):
+    # Before the writer publishes, someone who can write the bucket puts other bytes of the
+    # right size under the name of one of the outputs' sha256.
+    prefix = f"{cache['prefix']}-planted-{uuid.uuid4().hex[:6]}"
+    cache.setdefault("copies", []).append(prefix)
+    _, entry = entry_of(s3, cache["prefix"], cache["store"], "render")
+    target = entry["index"]["files"][0]
+    planted = f"{prefix}/objects/sha256/{target['sha256']}"
+    s3.put_object(Bucket=BUCKET, Key=planted, Body=b"x" * target["size"])
+    writer = doit(cache, tmp_path / "w", prefix, keys["trusted"][0], trusted=keys["trusted"][1])
+    assert writer.returncode == 0, writer.stdout + writer.stderr
+
+    body = s3.get_object(Bucket=BUCKET, Key=planted)["Body"].read()
+    assert hashlib.sha256(body).hexdigest() == target["sha256"]  # replaced by the real bytes
+    reader = doit(cache, tmp_path / "r", prefix, None, trusted=keys["trusted"][1])
+    assert reader.returncode == 0, reader.stdout + reader.stderr
+    assert "refused" not in reader.stdout and said(reader.stdout, "restored") == STEPS
+
+
 @pytest.mark.parametrize("mode", ["SPARKFORGE_CACHE_READONLY=1", "no signing key"])
 def test_a_read_only_cache_never_writes(cache, keys, s3, tmp_path, mode):
     prefix = f"{cache['prefix']}-readonly-{uuid.uuid4().hex[:6]}"

@@ -8,6 +8,7 @@ byte against the index before anything reaches the store.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 from collections.abc import Iterator
@@ -219,12 +220,16 @@ class RemoteCache:
             raise
 
     def upload(self, f: EntryFile, path: Path) -> None:
-        """Put one file's bytes under its sha256 unless an object of its size is there already."""
+        """Put one file's bytes under its sha256 unless the bucket holds them already: an object
+        of that size whose stored SHA-256 checksum is that sha256 (not its size alone: anyone who
+        can write the bucket could have planted other bytes under the name)."""
         import botocore.exceptions
 
         name = self.object_key(f.sha256)
+        checksum = base64.b64encode(bytes.fromhex(f.sha256)).decode()
         try:
-            if self.client.head_object(Bucket=self.bucket, Key=name)["ContentLength"] == f.size:
+            there = self.client.head_object(Bucket=self.bucket, Key=name, ChecksumMode="ENABLED")
+            if there["ContentLength"] == f.size and there.get("ChecksumSHA256") == checksum:
                 return
         except botocore.exceptions.ClientError as err:
             if not missing(err):
@@ -233,4 +238,6 @@ class RemoteCache:
         data = path.read_bytes()
         if hashlib.sha256(data).hexdigest() != f.sha256:
             raise PipelineError(f"{path}: changed while uploading")
-        self.client.put_object(Bucket=self.bucket, Key=name, Body=data)
+        # With its checksum: the server refuses bytes that do not match it, and keeps it for the
+        # next writer's check above.
+        self.client.put_object(Bucket=self.bucket, Key=name, Body=data, ChecksumSHA256=checksum)
