@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
 import pytest
 from keying import read_chars
 
+from pipelines.statcache import StatCache
+from pipelines.weights.blobs import BlobStore
 from pipelines.weights.lock import LockError, cache_key, load_lock, lock_path, require_locked
 from pipelines.weights.patch import PatchError, patch_tp3, patch_tp3_folder
+from pipelines.weights.stage import StageError, is_staged, stage
 from pipelines.weights.synthetic import model_names
 
 
@@ -76,3 +80,38 @@ def test_folder_patch_keeps_the_original_and_never_writes_through_a_hard_link(tm
     assert blob.read_bytes() == original_bytes
     assert (folder / "config.json.orig-hf").read_bytes() == original_bytes
     assert json.loads((folder / "config.json").read_text())["text_config"]["o_groups"] == 9
+
+
+@pytest.mark.parametrize("name", [".", "..", ".hidden", "a/b", "../x"])
+def test_a_lock_naming_a_file_outside_or_hidden_is_one_line_naming_the_field(tmp_path, name):
+    path = tmp_path / "bad.lock.yaml"
+    path.write_text(f"model: m\nsource: s3://b/p\nfiles:\n  - {{name: '{name}', size: 1}}\n")
+    with pytest.raises(LockError) as err:
+        load_lock(path)
+    assert str(err.value).startswith(f"{path}: field 'files.0.name'")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "blob"),
+    [("../../../outside", "real"), ("ABSOLUTE", "real"), (".config.json.staging", "real"),
+     ("config.json", "../../../outside")],
+    ids=["dot-dot", "absolute", "a staging name", "blob outside the store"],
+)  # fmt: skip
+def test_staging_refuses_a_plan_that_names_a_path_outside_the_folder(tmp_path, name, blob):
+    # Plans also come from a patch's overrides (restorable from a cache) and ring plans: the
+    # names are checked where they are used, not only where a lock was parsed.
+    blobs = BlobStore(tmp_path / "weights", StatCache(tmp_path / "statcache.sqlite3"))
+    real = hashlib.sha256(b"x").hexdigest()
+    blobs.blob(real).parent.mkdir(parents=True, exist_ok=True)
+    blobs.blob(real).write_bytes(b"x")
+    (tmp_path / "outside").write_bytes(b"not a blob")
+    folder = tmp_path / "weights" / "models" / "m"
+    name = str(tmp_path / "outside") if name == "ABSOLUTE" else name
+    plan = {name: real if blob == "real" else blob}
+    for use in (stage, is_staged):
+        with pytest.raises(StageError) as err:
+            use(folder, plan, blobs)
+        assert "in the staging plan" in str(err.value) or "expected 64 hex digits" in str(err.value)
+    assert not folder.exists()
+    assert (tmp_path / "outside").read_bytes() == b"not a blob"

@@ -14,8 +14,12 @@ from pipelines.files import write_atomic
 from pipelines.paths import LOCKS_DIR
 from pipelines.schema import Strict, as_data, load_yaml_model
 
-Sha256 = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")]
-FileName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]+$")]
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+# A plain file name of a model folder: no separator, not "." or "..", not hidden (staging's
+# temporary names start with a dot).
+FILE_NAME_PATTERN = r"^(?!\.)[A-Za-z0-9_.-]+$"
+Sha256 = Annotated[str, Meta(pattern=SHA256_PATTERN)]
+FileName = Annotated[str, Meta(pattern=FILE_NAME_PATTERN)]
 
 
 class LockError(BadInput):

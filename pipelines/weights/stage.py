@@ -6,12 +6,13 @@ import contextlib
 import errno
 import json
 import os
+import re
 from pathlib import Path
 
 from pipelines.errors import PipelineError
 from pipelines.files import fsync_dir, write_atomic
 from pipelines.weights.blobs import BlobStore
-from pipelines.weights.lock import Lock
+from pipelines.weights.lock import FILE_NAME_PATTERN, SHA256_PATTERN, Lock
 
 
 class StageError(PipelineError):
@@ -66,14 +67,29 @@ def staged_from(folder: Path) -> str | None:
 
 def is_staged(folder: Path, plan: dict[str, str], blobs: BlobStore) -> bool:
     """True when the folder is exactly the plan (stats only, no bytes read)."""
+    check_plan(folder, plan)
     if not folder.is_dir():
         return False
     relink, extra = stale_names(folder, plan, blobs)
     return not relink and not extra
 
 
+def check_plan(folder: Path, plan: dict[str, str]) -> None:
+    """Refuse a plan whose names are not plain file names or whose blobs are not sha256 hex:
+    plans come from a lock, a patch's overrides restored from a cache, or a ring plan."""
+    for name, sha in plan.items():
+        if not re.match(FILE_NAME_PATTERN, str(name)):
+            raise StageError(
+                f"{folder}: file name {name!r} in the staging plan: expected a plain file name"
+                " (letters, digits, '_', '.', '-'; not starting with '.')"
+            )
+        if not re.match(SHA256_PATTERN, str(sha)):
+            raise StageError(f"{folder}: file {name!r}: blob {sha!r}: expected 64 hex digits")
+
+
 def stage(folder: Path, plan: dict[str, str], blobs: BlobStore) -> list[str]:
     """Make folder exactly the plan, each name replaced atomically; returns the names linked."""
+    check_plan(folder, plan)
     missing = [n for n, sha in plan.items() if not blobs.blob(sha).exists()]
     if missing:
         raise StageError(f"{folder}: blob of {missing[0]!r} is not in the store; fetch first")
