@@ -17,6 +17,12 @@ Count = Annotated[int, Meta(ge=1)]  # sizes and counts: at least one
 Octet = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 S = TypeVar("S")  # a profile section
 IPv4 = Annotated[str, Meta(pattern=rf"^({Octet}\.){{3}}{Octet}$")]
+# Values some documents carry as they are: constrained here, when the profile loads, so that no
+# value can add a line, a key or a document to what is rendered.
+EnvName = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=255)]
+Word = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=63)]
+ModelId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$", max_length=255)]
+NetDev = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$", max_length=15)]
 
 
 class ProfileError(BadInput):
@@ -28,9 +34,9 @@ class ModelSpec(Strict, frozen=True, kw_only=True):
 
     lock: Name
     source: Annotated[str, Meta(pattern=r"^s3://[^/]+/.+")]
-    served_name: str
+    served_name: ModelId
     format: Literal["safetensors"]
-    quantization: str
+    quantization: Word
     config_patch: Literal["none", "tp3-heads"]
     source_secret: Name | None = None
 
@@ -55,7 +61,7 @@ class MemberSpec(Strict, frozen=True, kw_only=True):
 
     node: Name
     address: IPv4
-    socket_interface: str
+    socket_interface: NetDev
     claim: Name | None = None
     # The Docker engine of the member's host (docker deploys): unix:///..., ssh://user@host.
     docker: Annotated[str, Meta(pattern=r"^(unix|ssh|tcp)://\S+$")] | None = None
@@ -221,7 +227,7 @@ class Profile(Strict, frozen=True, kw_only=True):
     fabric: FabricSpec | None = None
     kubernetes: KubernetesSpec | None = None
     hygiene: HygieneSpec | None = None
-    env: dict[str, str] = {}
+    env: dict[EnvName, str] = {}
     vllm: VllmSpec | None = None
     sglang: SglangSpec | None = None
     simulator: SimulatorSpec | None = None

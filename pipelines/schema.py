@@ -47,6 +47,9 @@ class UniqueKeyLoader(FastLoader):
 MAPPING_KEY = "[...]"
 # msgspec's messages end with where: "... - at `$.members[1].node`".
 WHERE = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+# ... and for a mapping's key: "... - at `key` in `$.env`".
+KEY_WHERE = re.compile(r"^(?P<what>.*?) - at `key` in `\$(?P<path>[^`]*)`$", re.S)
+KEY_REGEX = re.compile(r"matching regex '(?P<regex>.*)'")
 UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]*)`$")
 MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]*)`$")
 
@@ -94,6 +97,8 @@ def load_yaml_model(path: Path, model: type[M], error: type[PipelineError] = Pip
 
 def describe_error(message: str, model: type[Strict], data: Any = None) -> str:
     """msgspec's error as 'field X: what was expected', the field dotted from the top."""
+    if key_error := KEY_WHERE.match(message):
+        return describe_key_error(key_error["what"], parse_path(key_error["path"]), data)
     match = WHERE.match(message)
     assert match is not None  # the pattern matches any text (everything after is optional)
     what, loc = match["what"], parse_path(match["path"] or "")
@@ -112,6 +117,20 @@ def describe_error(message: str, model: type[Strict], data: Any = None) -> str:
     if what.startswith("field ") or not loc:
         return what
     return f"field {dotted(loc)!r}: {what[:1].lower()}{what[1:]}"
+
+
+def describe_key_error(what: str, loc: list[str | int], data: Any) -> str:
+    """A mapping key msgspec refused, as 'field X: key K: what was expected' (K as repr: a key
+    may hold a newline; found by the pattern the message names, where it names one)."""
+    node = data
+    for part in loc:
+        node = node.get(part) if isinstance(node, dict) else None
+    pattern = KEY_REGEX.search(what)
+    bad = None
+    if pattern and isinstance(node, dict):
+        bad = next((k for k in node if not re.search(pattern["regex"], str(k))), None)
+    key = f" key {bad!r}:" if bad is not None else " a key:"
+    return f"field {dotted(loc)!r}:{key} {what[:1].lower()}{what[1:]}"
 
 
 def parse_path(path: str) -> list[str | int]:

@@ -261,3 +261,42 @@ def test_a_broken_ring_profile_is_refused_at_load_naming_its_field(case, tmp_pat
     assert "\n" not in message
     assert message.startswith(str(folder / "tp3-ring.yaml"))
     assert expected in message, message
+
+
+# Values that documents carry as they are: a newline in one would add keys, env entries or a
+# secret reference to what is rendered (issue 30's two findings first), so each is refused when
+# the profile loads, naming its field.
+@pytest.mark.parametrize(
+    ("old", "new", "field"),
+    [
+        (
+            "  quantization: exl3",
+            '  quantization: "exl3\\n  refreshPolicy: OnChange\\n  sourceSecretRef:\\n'
+            '    name: attacker-secret"',
+            "model.quantization",
+        ),
+        ('  MAX_JOBS: "1"', '  "MAX_JOBS\\nLD_PRELOAD": /cache/evil.so', "env"),
+        ('  MAX_JOBS: "1"', '  "1BAD": "x"', "env"),
+        (
+            "  served_name: DeepSeek-V4.1-Flash-EXL3",
+            '  served_name: "a\\nb: c"',
+            "model.served_name",
+        ),
+        (
+            "socket_interface: enP7s7, claim: dsv41-cache-spark-1",
+            'socket_interface: "enP7s7\\nx: y", claim: dsv41-cache-spark-1',
+            "members.0.socket_interface",
+        ),
+    ],
+    ids=["quantization", "env key with a newline", "env key of a digit", "served name", "netdev"],
+)
+def test_a_value_that_could_change_a_documents_structure_is_refused_at_load(
+    tmp_path, old, new, field
+):
+    folder = copy_profile(tmp_path, "tp3-ring", old, new)
+    with pytest.raises(ProfileError) as err:
+        load_profile("tp3-ring", folder)
+    message = str(err.value)
+    assert "\n" not in message and f"field '{field}" in message
+    if field == "env":  # the key named, as a repr: its newline shows as \n
+        assert re.search(r"field 'env': key '[^']*'", message)
