@@ -108,25 +108,34 @@ def test_dropped_connections_are_retried_and_the_file_still_verifies(
     assert blobs.is_intact(entry.sha256, entry.size)
 
 
-def test_a_range_that_keeps_breaking_fails_in_one_line_naming_bytes_and_tries(
-    synthetic, blobs, stack, stack_env
-):
-    source, lock = synthetic
-    one = Lock(model=lock.model, source=source, files=[lock.entry(BIG)])
+def fetch_with_every_range_cut(
+    lock: Lock, blobs, stack, stack_env, retries: int
+) -> tuple[CuttingProxy, pytest.ExceptionInfo[FetchError]]:
+    """A one-range-at-a-time fetch of lock through a proxy that cuts every connection: the
+    proxy (its cuts counted) and the FetchError the fetch ends with."""
     proxy = CuttingProxy(int(stack.s3_url.rsplit(":", 1)[1]), every=1)
     try:
         with pytest.raises(FetchError) as err:
             fetch(
                 proxied_client(proxy, stack, stack_env),
-                one,
+                lock,
                 blobs,
                 part_size=1 << 20,
                 workers=1,
                 ahead=1,
-                retries=1,
+                retries=retries,
             )
     finally:
         proxy.close()
+    return proxy, err
+
+
+def test_a_range_that_keeps_breaking_fails_in_one_line_naming_bytes_and_tries(
+    synthetic, blobs, stack, stack_env
+):
+    source, lock = synthetic
+    one = Lock(model=lock.model, source=source, files=[lock.entry(BIG)])
+    proxy, err = fetch_with_every_range_cut(one, blobs, stack, stack_env, retries=1)
     key = S3Url.parse(source).key(BIG)
     assert str(err.value) == f"{key}: bytes 0-1048575 broke 2 times (IncompleteRange)"
     assert proxy.cuts == 2
@@ -155,20 +164,8 @@ def test_a_broken_range_is_retried_after_doubling_waits_capped_at_5_seconds(
     one = Lock(model=lock.model, source=source, files=[lock.entry(BIG)])
     clock = FakeClock()
     monkeypatch.setattr(ranges_module, "time", clock)
-    proxy = CuttingProxy(int(stack.s3_url.rsplit(":", 1)[1]), every=1)
-    try:
-        with pytest.raises(FetchError, match="broke 7 times"):
-            fetch(
-                proxied_client(proxy, stack, stack_env),
-                one,
-                blobs,
-                part_size=1 << 20,
-                workers=1,
-                ahead=1,
-                retries=6,
-            )
-    finally:
-        proxy.close()
+    proxy, err = fetch_with_every_range_cut(one, blobs, stack, stack_env, retries=6)
+    assert "broke 7 times" in str(err.value)
     assert proxy.cuts == 7
     assert clock.sleeps == pytest.approx([0.2, 0.4, 0.8, 1.6, 3.2, 5.0])
 

@@ -21,8 +21,6 @@ from support.stack import delete_repository
 from pipelines.images.registry import ACCEPT
 from pipelines.paths import PROFILES_DIR
 
-REPO = Path(__file__).resolve().parent.parent.parent
-
 
 def free_port() -> int:
     """A port nothing listens on now (the simulator binds it a few seconds later)."""
