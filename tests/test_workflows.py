@@ -1,6 +1,8 @@
 """The GitHub workflows pass actionlint (with shellcheck) and zizmor, offline; both fail on an
 action that is not pinned by commit SHA; the README names every secret and variable they use;
-deploy stages the Docker-host rings' weights, and outlasts its own waits."""
+deploy stages the Docker-host rings' weights, and outlasts its own waits; zizmor's auditor persona
+finds only what the README justifies, only main's build signs, and deploy and bench refuse any
+other ref in their first step."""
 
 from __future__ import annotations
 
@@ -41,11 +43,12 @@ def actionlint(github: Path, workflows: list[Path]) -> subprocess.CompletedProce
     )
 
 
-def zizmor(github: Path) -> subprocess.CompletedProcess:
+def zizmor(github: Path, *options: str) -> subprocess.CompletedProcess:
     """zizmor with the repository's config, offline: no online audit, no network call."""
     return subprocess.run(
         [
             str(BIN / "zizmor"),
+            *options,
             "--offline",
             "--no-progress",
             "--color=never",
@@ -154,3 +157,77 @@ def test_the_deploy_job_outlasts_its_own_waits():
     (deploy,) = job.values()
     waits = read_settings({})
     assert deploy["timeout-minutes"] * 60 > waits.stage_timeout_s + waits.deploy_timeout_s
+
+
+# What zizmor's auditor persona still finds, each justified in the README ("GitHub Actions",
+# "What zizmor's auditor persona reports"): the rings' own runners, and the test job's Debian.
+JUSTIFIED_AUDITOR_FINDINGS = {
+    ("self-hosted-runner", "bench.yml"),
+    ("self-hosted-runner", "deploy.yml"),
+    ("unpinned-images", "build.yml"),
+}
+
+
+def test_zizmors_auditor_persona_finds_only_what_the_readme_justifies():
+    result = zizmor(REPO / ".github", "--persona=auditor")
+    found = set(
+        re.findall(r"^\w+\[([\w-]+)\].*\n\s*--> .*/workflows/([\w.]+):", result.stdout, re.M)
+    )
+    assert found == JUSTIFIED_AUDITOR_FINDINGS, result.stdout
+    readme = (REPO / "README.md").read_text()
+    justified = readme[readme.index("What zizmor's auditor persona reports") :]
+    for rule, workflow in JUSTIFIED_AUDITOR_FINDINGS:
+        (bullet,) = [line for line in justified.splitlines() if line.startswith(f"- `{rule}` (")]
+        assert workflow in bullet
+
+
+def test_only_a_push_to_main_builds_with_the_environment_that_signs():
+    """The cache's signing key and write credentials come from `build-main` (main only in
+    GitHub's settings); every other event's job runs in `build-read`."""
+    build = yaml.safe_load((REPO / ".github" / "workflows" / "build.yml").read_text())
+    job = build["jobs"]["rings"]
+    chooser = " ".join(job["environment"].split())
+    assert chooser == (
+        "${{ github.event_name == 'push' && github.ref == 'refs/heads/main' "
+        "&& 'build-main' || 'build-read' }}"
+    )
+    signing = [s for s in job["steps"] if "SPARKFORGE_CACHE_SIGNING_KEY" in str(s.get("env", {}))]
+    assert [s["if"] for s in signing] == ["github.event_name == 'push'"]
+
+
+def first_step_run(workflow: str, github: dict[str, str]) -> subprocess.CompletedProcess:
+    """The workflow's first step run by bash, its `env` filled from the `github` context given."""
+    job = yaml.safe_load((REPO / ".github" / "workflows" / workflow).read_text())["jobs"]
+    (first, *_) = next(iter(job.values()))["steps"]
+    env = {
+        name: re.sub(r"\$\{\{ github\.([\w.]+) \}\}", lambda m: github.get(m[1], ""), value)
+        for name, value in first["env"].items()
+    }
+    return subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", first["run"]],
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("workflow", ["deploy.yml", "bench.yml"])
+def test_deploy_and_bench_refuse_a_ref_other_than_main_in_their_first_step(workflow):
+    verb = workflow.removesuffix(".yml")
+    dispatched = first_step_run(workflow, {"ref": "refs/heads/try-this"})
+    assert dispatched.returncode == 2
+    assert dispatched.stdout == (
+        f"::error::{verb} runs main only: ref refs/heads/try-this is not refs/heads/main"
+        " (dispatch it from main)\n"
+    )
+    chained = first_step_run(
+        workflow, {"ref": "refs/heads/main", "event.workflow_run.head_branch": "try-this"}
+    )
+    assert chained.returncode == 2
+    assert "ref try-this is not refs/heads/main" in chained.stdout
+    for main in (
+        {"ref": "refs/heads/main"},
+        {"ref": "refs/heads/main", "event.workflow_run.head_branch": "main"},
+    ):
+        passed = first_step_run(workflow, main)
+        assert (passed.returncode, passed.stdout) == (0, "")
