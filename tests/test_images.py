@@ -303,3 +303,28 @@ def test_builder_is_the_engine_here_and_buildx_builds_from_the_plan(tmp_path):
     assert command[:5] == ["docker", "buildx", "build", "--platform", "linux/arm64"]
     assert command[-2:] == ["type=docker,dest=/out/saved.tar,rewrite-timestamp=true", "/ctx"]
     assert f"SPARKFORGE_IMAGE_KEY={plan.key}" in command
+
+
+def test_a_file_capability_set_in_a_build_is_in_the_container_of_the_normalized_image(
+    copies, local_base, sim_copy, private_engine, tmp_path
+):
+    # `setcap cap_net_bind_service+ep` written by the build (the base has python3, not setcap):
+    # the engine exports it as a SCHILY.xattr record, and the normalized image must keep it.
+    capability = "0100000200040000000000000000000000000000"
+    dockerfile = sim_copy / "Dockerfile"
+    dockerfile.write_text(
+        dockerfile.read_text()
+        + "RUN python3 -c \"import os; p = '/opt/sparkforge/bind'; open(p, 'w').close();"
+        + f" os.setxattr(p, 'security.capability', bytes.fromhex('{capability}'))\"\n"
+    )
+    engine = Engine(Store(tmp_path / "store"))
+    images = ImagesOf(sim_copy, engine, copies)
+    engine.run(images.image_step)  # built, normalized, pushed
+    ref = images.image_ref()
+    wipe_engine(private_engine)  # the container runs from the registry's bytes, nothing cached
+    private_engine.images.pull(ref)
+    read = "import os; print(os.getxattr('/opt/sparkforge/bind', 'security.capability').hex())"
+    out = private_engine.containers.run(
+        ref, ["python3", "-c", read], network_mode="host", remove=True
+    )
+    assert out.decode().strip() == capability

@@ -1,9 +1,10 @@
 """Deterministic OCI images: normalized layer tars, a gzip we write ourselves, fixed configs.
 
 Every field that could vary between two builds of the same inputs is pinned here, by name:
-entry order (sorted), mtimes (clamped to SOURCE_DATE_EPOCH), owners (0/0, no names), no PAX
-records (no atime/ctime/float times), the gzip header (no name, mtime 0, OS 255) and deflate
-settings, and the config's timestamps and builder-specific fields.
+entry order (sorted), mtimes (clamped to SOURCE_DATE_EPOCH), owners (0/0, no names), PAX
+records only for extended attributes (in sorted order) and what a plain header cannot hold (long
+names, big sizes; never atime/ctime or float times), the gzip header (no name, mtime 0, OS 255)
+and deflate settings, and the config's timestamps and builder-specific fields.
 """
 
 from __future__ import annotations
@@ -27,13 +28,16 @@ from pipelines.keys import canonical_json
 # One entry of a layer tar: its header, and its data (None: no data, a folder or a link).
 TarEntry = tuple[tarfile.TarInfo, IO[bytes] | None]
 
-NORMALIZER_VERSION = 1
+NORMALIZER_VERSION = 2  # 2: PAX headers, extended attributes kept
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
 LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
 # gzip framing: no file name, mtime 0 (Python writes OS 255, XFL 0 at this level), deflate
 # at level 6 with zlib's default window and memory: the same bytes on every run.
 GZIP_LEVEL = 6
+# Extended attributes as builders write them into layer tars (Docker: SCHILY.xattr.*, libarchive:
+# LIBARCHIVE.xattr.*): a file capability set with setcap lives there and must survive.
+XATTR_RECORDS = ("SCHILY.xattr.", "LIBARCHIVE.xattr.")
 # Config fields kept from the builder: what the image runs with. Everything else (container
 # ids, hostnames, builder versions, timestamps) differs between two builds of the same inputs.
 RUN_CONFIG_FIELDS = (
@@ -88,6 +92,11 @@ def normal_info(info: tarfile.TarInfo, epoch: int) -> tarfile.TarInfo:
     out.mtime = min(int(info.mtime), epoch)
     out.uid = out.gid = 0
     out.uname = out.gname = ""
+    out.pax_headers = {
+        name: info.pax_headers[name]
+        for name in sorted(info.pax_headers)
+        if name.startswith(XATTR_RECORDS)
+    }
     return out
 
 
@@ -186,7 +195,8 @@ def write_layer(members: Iterable[TarEntry], out_dir: Path) -> tuple[Blob, str]:
         writer = LayerWriter(dest)
         # tarfile writes through write() and asks tell(), which LayerWriter gives.
         fileobj = cast(IO[bytes], writer)
-        with tarfile.open(fileobj=fileobj, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        # PAX: the only tar format with room for extended attributes.
+        with tarfile.open(fileobj=fileobj, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for info, data in members:
                 tar.addfile(info, data)
         digest, diff_id, size = writer.finish()
