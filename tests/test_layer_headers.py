@@ -1,14 +1,22 @@
 """Layer normalization keeps what a file is (its extended attributes, a file capability among
-them) and pins the rest: the same layer whatever order or extra records the builder wrote."""
+them) and pins the rest: the same layer whatever order or extra records the builder wrote; what
+deflates the layers is in every image key."""
 
 from __future__ import annotations
 
 import gzip
 import io
 import tarfile
+import zlib
 from pathlib import Path
 
+from support import stages
+
+from pipelines.images import Images
 from pipelines.images.oci import normalize_layer
+from pipelines.profiles import load_profile
+from pipelines.steps import Engine
+from pipelines.store import Store
 
 # `setcap cap_net_bind_service+ep`: VFS_CAP_REVISION_2 with the effective flag, then permitted
 # bit 10; the kernel's own 20-byte layout, not valid UTF-8 (as most capability values are not).
@@ -64,3 +72,19 @@ def test_attribute_order_and_times_the_builder_wrote_do_not_change_the_layer(tmp
         "SCHILY.xattr.user.a",
         "SCHILY.xattr.user.b",
     ]
+
+
+def test_another_zlib_gives_the_base_and_the_image_other_keys(tmp_path, monkeypatch):
+    # Two zlib builds may deflate one tar into two byte strings: one key must not name both.
+    monkeypatch.setattr(Images, "base_ref", lambda self: "registry/base@sha256:" + "0" * 64)
+
+    def keys() -> tuple[str, str]:
+        engine = Engine(Store(tmp_path / "store"))
+        images = Images(stages.context(load_profile("local"), engine))
+        assert images.base_step is not None  # local-sim's base is made here
+        return engine.key(images.base_step), engine.key(images.image_step)
+
+    base, image = keys()
+    monkeypatch.setattr(zlib, "ZLIB_RUNTIME_VERSION", "1.3.1-other")
+    other_base, other_image = keys()
+    assert other_base != base and other_image != image

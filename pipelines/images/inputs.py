@@ -13,6 +13,7 @@ from typing import Any
 
 from pipelines.images.context import BuildContext
 from pipelines.images.dockerfile import upstream_arg
+from pipelines.images.layer_format import layer_format
 from pipelines.images.spec import ImageDir, LocalBase
 from pipelines.paths import RECEIPT, REPO_ROOT
 from pipelines.schema import as_data
@@ -49,6 +50,7 @@ def image_params(image: ImageDir) -> dict[str, Any]:
         "build_args": {k: v for k, v in image_build_args(image, "").items() if k != "BASE"},
         "source_date_epoch": spec.source_date_epoch,
         "upstream": {k: as_data(v) for k, v in spec.upstream.items()},
+        "layers": layer_format(),
     }
 
 
@@ -93,8 +95,9 @@ def debian_arch() -> str:
 
 
 def base_params(spec: LocalBase, arch: str) -> dict[str, Any]:
-    """The keyed parameters of a local base: suite, variant, packages, mirror, architecture."""
-    return {**as_data(spec), "arch": arch}
+    """The keyed parameters of a local base: suite, variant, packages, mirror, architecture,
+    and what writes its layer."""
+    return {**as_data(spec), "arch": arch, "layers": layer_format()}
 
 
 def base_repository(spec: LocalBase) -> str:

@@ -23,18 +23,15 @@ from pathlib import Path
 from typing import IO, Any, Protocol, cast
 
 from pipelines.files import fsync_fd, hash_file, write_atomic
+from pipelines.images.layer_format import GZIP_LEVEL, layer_format
 from pipelines.keys import canonical_json
 
 # One entry of a layer tar: its header, and its data (None: no data, a folder or a link).
 TarEntry = tuple[tarfile.TarInfo, IO[bytes] | None]
 
-NORMALIZER_VERSION = 2  # 2: PAX headers, extended attributes kept
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
 LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
-# gzip framing: no file name, mtime 0 (Python writes OS 255, XFL 0 at this level), deflate
-# at level 6 with zlib's default window and memory: the same bytes on every run.
-GZIP_LEVEL = 6
 # Extended attributes as builders write them into layer tars (Docker: SCHILY.xattr.*, libarchive:
 # LIBARCHIVE.xattr.*): a file capability set with setcap lives there and must survive.
 XATTR_RECORDS = ("SCHILY.xattr.", "LIBARCHIVE.xattr.")
@@ -223,7 +220,8 @@ class LayerCache:
 
     def normalize(self, layer_tar: Path, epoch: int) -> tuple[Blob, str]:
         """The normalized blob and diff_id of a builder layer, from the cache when known."""
-        entry = self.root / f"{hash_file(layer_tar)}-{epoch}-v{NORMALIZER_VERSION}.json"
+        made_by = hashlib.sha256(canonical_json(layer_format())).hexdigest()[:16]
+        entry = self.root / f"{hash_file(layer_tar)}-{epoch}-{made_by}.json"
         if entry.exists():
             known = json.loads(entry.read_text())
             path = self.blobs / known["digest"].split(":")[1]

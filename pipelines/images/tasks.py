@@ -164,7 +164,7 @@ class Images:
     def _image_step(self) -> Step:
         """The keyed image step: Dockerfile, context, args, platform; the base as a pin."""
         from pipelines.images.inputs import candidate_tags, image_inputs, image_params
-        from pipelines.images.oci import NORMALIZER_VERSION
+        from pipelines.images.layer_format import NORMALIZER_VERSION
 
         repository = image_repository(self.image.spec.name, self.namespace)
         return Step(
