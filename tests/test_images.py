@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -328,3 +329,34 @@ def test_a_file_capability_set_in_a_build_is_in_the_container_of_the_normalized_
         ref, ["python3", "-c", read], network_mode="host", remove=True
     )
     assert out.decode().strip() == capability
+
+
+class ArrivalClock:
+    """A stdout that notes when each line arrives."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[float, str]] = []
+
+    def write(self, text: str) -> int:
+        self.lines += [(time.monotonic(), line) for line in text.splitlines() if line]
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing is held back."""
+
+
+def test_a_builds_output_appears_while_it_runs(
+    copies, local_base, sim_copy, private_engine, tmp_path, monkeypatch
+):
+    dockerfile = sim_copy / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + "RUN echo watch-this-line && sleep 6\n")
+    plan = ImagesOf(sim_copy, Engine(Store(tmp_path / "store")), copies).plan()
+    clock = ArrivalClock()
+    monkeypatch.setattr(sys, "stdout", clock)
+    build_image(private_engine, plan, "engine", tmp_path)
+    (at,) = [n for n, (_, line) in enumerate(clock.lines) if line.endswith(": watch-this-line")]
+    assert clock.lines[at][1] == "image local-sim: watch-this-line"
+    # Printed when the step printed it: the engine's next line comes after the sleep.
+    assert clock.lines[at + 1][0] - clock.lines[at][0] > 5
+    normalized = [line for _, line in clock.lines if " normalized: " in line]
+    assert normalized and normalized[-1].startswith(f"image: layer {len(normalized)}/")

@@ -7,6 +7,7 @@ import subprocess
 import tarfile
 import tempfile
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from pipelines.images.inputs import (
 )
 from pipelines.images.oci import Image, LayerCache, normalize_saved_image, save_image_index
 from pipelines.images.spec import ImageDir, ImageError
+from pipelines.progress import say
 
 LOG_TAIL = 15
 
@@ -61,6 +63,7 @@ def buildx_command(plan: BuildPlan, context: Path, dest: str = "image.tar") -> l
     command = ["docker", "buildx", "build", "--platform", plan.platform, "--network=host"]
     for name, value in sorted(plan.args_with_key().items()):
         command += ["--build-arg", f"{name}={value}"]
+    command += ["--progress=plain"]  # lines as they come, on a terminal too: one log to read
     return command + ["--output", f"type=docker,dest={dest},rewrite-timestamp=true", str(context)]
 
 
@@ -145,10 +148,13 @@ def engine_build(client: DockerClient | None, plan: BuildPlan, saved: Path) -> N
                 log.append(line)
                 if line.startswith("Step "):
                     step = line
+                if line.strip():  # as it comes: hours of kernel builds are not silent
+                    say(f"image {plan.name}", line)
             if "error" in chunk:
                 tail = " | ".join(line for line in log[-LOG_TAIL:] if line.strip())
                 error = chunk["error"].strip()
                 raise ImageError(f"{plan.name}: build failed at {step}: {error}; log tail: {tail}")
+        say(f"image {plan.name}", "built; saving it from the engine")
         with open(saved, "wb") as out:
             for part in client.api.get_image(tag):
                 out.write(part)
@@ -172,15 +178,22 @@ def buildx_build(client: DockerClient | None, plan: BuildPlan, saved: Path) -> N
         extra = full_context(plan, Path(tmp) / "wheels")
         with tarfile.open(fileobj=context_tar(plan.context, plan.epoch, extra)) as tar:
             tar.extractall(context, filter="data")
-        result = subprocess.run(
+        log: deque[str] = deque(maxlen=LOG_TAIL)
+        with subprocess.Popen(
             buildx_command(plan, context, str(saved)),
             env={**os.environ, "SOURCE_DATE_EPOCH": str(plan.epoch)},
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
-        )
-    if result.returncode != 0:
-        tail = " | ".join((result.stdout + result.stderr).strip().splitlines()[-LOG_TAIL:])
-        raise ImageError(f"{plan.name}: buildx failed (exit {result.returncode}): {tail}")
+        ) as builder:
+            assert builder.stdout is not None  # a pipe, asked for above
+            for line in builder.stdout:  # as it comes, and its tail kept for the error
+                if line.strip():
+                    log.append(line.rstrip())
+                    say(f"image {plan.name}", line.rstrip())
+        status = builder.wait()
+    if status != 0:
+        raise ImageError(f"{plan.name}: buildx failed (exit {status}): {' | '.join(log)}")
 
 
 # Builders by name, each (client, plan, saved tar) -> None; the normalizer takes it from there.

@@ -17,6 +17,7 @@ import os
 import tarfile
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import IO, Any, Protocol, cast
 from pipelines.files import fsync_fd, hash_file, write_atomic
 from pipelines.images.layer_format import GZIP_LEVEL, layer_format
 from pipelines.keys import canonical_json
+from pipelines.progress import human_bytes, say
 
 # One entry of a layer tar: its header, and its data (None: no data, a folder or a link).
 TarEntry = tuple[tarfile.TarInfo, IO[bytes] | None]
@@ -316,11 +318,19 @@ def normalize_saved_image(
             tar.extractall(unpacked, filter="fully_trusted")
         config, layer_paths = read_saved_image(unpacked)
         layers, diff_ids = [], []
-        for path in layer_paths:
+        for n, path in enumerate(layer_paths, 1):
+            # A GB10 layer is gigabytes: each gets its line, with its size and how long it took.
+            size, started = path.stat().st_size, time.monotonic()
             if layers_cache:
                 blob, diff_id = layers_cache.normalize(path, epoch)
             else:
                 blob, diff_id = normalize_layer(path, epoch, out_dir)
+            took = time.monotonic() - started
+            say(
+                "image",
+                f"layer {n}/{len(layer_paths)} normalized: {human_bytes(size)} in {took:.1f} s,"
+                f" {blob.digest[7:19]}",
+            )
             layers.append(blob)
             diff_ids.append(diff_id)
         return assemble(normal_config(config, diff_ids, epoch), layers, out_dir)
