@@ -15,6 +15,8 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from pipelines.images.debian_archive import fetch_debs, local_repository
+from pipelines.images.debian_lock import load_debian_lock
 from pipelines.images.oci import (
     Image,
     TarEntry,
@@ -24,6 +26,7 @@ from pipelines.images.oci import (
     write_layer,
 )
 from pipelines.images.spec import ImageError, LocalBase
+from pipelines.progress import human_bytes, say
 
 # Caches, logs and docs: not needed at run time, and they differ from one debootstrap to the next.
 PRUNE = (
@@ -41,12 +44,12 @@ PRUNE = (
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def debootstrap(spec: LocalBase, rootfs: Path) -> None:
-    """Make the rootfs with debootstrap; a failure shows the tail of its log."""
-    command = ["debootstrap", f"--variant={spec.variant}"]
-    if spec.packages:
-        command.append("--include=" + ",".join(spec.packages))
-    command += [spec.suite, str(rootfs), spec.mirror]
+def debootstrap(spec: LocalBase, arch: str, names: list[str], mirror: str, rootfs: Path) -> None:
+    """Make the rootfs with debootstrap from a repository of exactly the locked .debs (checked
+    by sha256 before, so no signature is asked of it); a failure shows the tail of its log."""
+    command = ["debootstrap", f"--variant={spec.variant}", f"--arch={arch}", "--no-check-gpg"]
+    command.append("--include=" + ",".join(names))  # every locked package, nothing resolved anew
+    command += [spec.suite, str(rootfs), mirror]
     if shutil.which("debootstrap") is None:
         raise ImageError("debootstrap not found: `scripts/install` installs it")
     result = subprocess.run(command, capture_output=True, text=True)
@@ -103,10 +106,18 @@ def rootfs_members(rootfs: Path, epoch: int) -> Iterator[TarEntry]:
         yield normal_info(info, epoch), None
 
 
-def build_base(spec: LocalBase, arch: str, epoch: int, work: Path) -> Image:
-    """The one-layer image of a fresh debootstrap rootfs, normalized, its blobs in work."""
+def build_base(spec: LocalBase, lock: Path, arch: str, epoch: int, work: Path, debs: Path) -> Image:
+    """The one-layer image of a fresh debootstrap rootfs made from the lock's .debs (cached in
+    debs by sha256), normalized, its blobs in work."""
+    refresh = f"doit lock_base (for {lock.parent.name})"
+    locked = load_debian_lock(lock)
+    wanted = locked.debs(spec, arch, lock, refresh)
+    say("image", f"base: {len(wanted)} locked .debs, {human_bytes(sum(d.size for d in wanted))}")
+    files = fetch_debs(locked, wanted, debs, str(lock), refresh)
     rootfs = work / "rootfs"
-    debootstrap(spec, rootfs)
+    repository = local_repository(locked, arch, files, work / "repo")
+    debootstrap(spec, arch, [d.name for d in wanted], repository, rootfs)
+    shutil.rmtree(work / "repo")
     layer, diff_id = write_layer(rootfs_members(rootfs, epoch), work)
     shutil.rmtree(rootfs)
     config = {

@@ -19,7 +19,7 @@ from pipelines.paths import RECEIPT, REPO_ROOT
 from pipelines.schema import as_data
 
 EXTRA_CONTEXT = {"sparkforge-receipt.py": RECEIPT}  # every image carries the receipt writer
-BASE_RECIPE_VERSION = 1
+BASE_RECIPE_VERSION = 2  # 2: built from the Debian lock's .debs
 
 
 def native_platform() -> str:

@@ -122,26 +122,58 @@ class Images:
 
     def _base_step(self, local: LocalBase) -> Step:
         """The keyed step that debootstraps the local base; its output is a registry tag."""
+        from pipelines.images.debian_lock import lock_file
         from pipelines.images.inputs import BASE_RECIPE_VERSION, base_params, debian_arch
 
         repository = base_repository(local)
+        lock = lock_file(self.image.path)
 
         def debootstrap_base(run: StepRun) -> None:
             from pipelines.images.base import build_base
             from pipelines.images.oci import save_image_index
 
-            image = build_base(local, debian_arch(), self.image.spec.source_date_epoch, run.out)
+            epoch, debs = self.image.spec.source_date_epoch, self.engine.store.area("debs")
+            image = build_base(local, lock, debian_arch(), epoch, run.out, debs)
             save_image_index(image, run.out)
 
         return Step(
             name=f"{self.prefix}image_base",
             recipe="debootstrap-base",
             version=BASE_RECIPE_VERSION,
-            doc="debootstrap the local Debian base and push it under its key",
+            doc="debootstrap the local Debian base from its lock's .debs, push it under its key",
             action=debootstrap_base,
             params=lambda: base_params(local, debian_arch()),
+            inputs={"debian_lock": lock},
             cache=RegistryCache(self.registry, repository),
         )
+
+    def lock_base(self) -> None:
+        """Resolve the base's packages on its mirror today and write the lock; say what moved."""
+        from pipelines.images.debian_archive import lock_suite
+        from pipelines.images.debian_lock import (
+            load_debian_lock,
+            lock_changes,
+            lock_file,
+            release_change,
+            write_debian_lock,
+        )
+        from pipelines.images.inputs import debian_arch
+
+        local, arch = self.image.spec.base.local, debian_arch()
+        assert local is not None  # the task exists only for a local base
+        path = lock_file(self.image.path)
+        old = load_debian_lock(path) if path.exists() else None
+        # Every architecture locked before, and this one: one Release for all of them.
+        new = lock_suite(local, [arch, *(old.archs if old else ())])
+        write_debian_lock(new, path)
+        name = f"{self.prefix}lock_base"
+        release = release_change(old, new)
+        say(name, f"{self.image_name}: {release or 'Release unchanged'}")
+        for locked in sorted(new.archs):
+            for line in lock_changes(old, new, locked) or ["no package moved"]:
+                say(name, f"{self.image_name} {locked}: {line}")
+        counts = ", ".join(f"{len(debs)} .debs for {a}" for a, debs in sorted(new.archs.items()))
+        say(name, f"wrote {path} ({counts})")
 
     def base_ref(self) -> str:
         """The pinned reference of the image's base (a local base must be built first)."""
@@ -312,6 +344,14 @@ class Images:
         tasks = []
         if self.base_step:
             tasks.append(self.engine.task(self.base_step))
+            tasks.append(
+                side_task(
+                    f"{self.prefix}lock_base",
+                    "lock the local base's Debian archive (Release, every .deb by sha256);"
+                    " says what moved",
+                    self.lock_base,
+                )
+            )
         tasks.append(self.engine.task(self.image_step))
         tasks.append(
             side_task(
