@@ -23,6 +23,17 @@ EnvName = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=25
 Word = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=63)]
 ModelId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$", max_length=255)]
 NetDev = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$", max_length=15)]
+# An RDMA device as NCCL_IB_HCA lists it (comma-joined there): a name, optionally :port.
+IbDevice = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*(:[0-9]+)?$", max_length=64)]
+# A Kubernetes extended resource name: an optional DNS prefix, a slash, a name.
+ResourceName = Annotated[
+    str,
+    Meta(
+        pattern=r"^([a-z0-9]([a-z0-9.-]*[a-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$",
+        max_length=253,
+    ),
+]
+NodePath = Annotated[str, Meta(pattern=r"^/\S*$", max_length=4096)]  # absolute, no whitespace
 
 
 class ProfileError(BadInput):
@@ -76,8 +87,8 @@ class MemberSpec(Strict, frozen=True, kw_only=True):
 class FabricSpec(Strict, frozen=True, kw_only=True):
     """The RoCE data plane of a switchless ring."""
 
-    ib_hca: Annotated[list[str], Meta(min_length=1)]
-    rdma_resource: str
+    ib_hca: Annotated[list[IbDevice], Meta(min_length=1)]
+    rdma_resource: ResourceName
     ib_gid_index: Annotated[int, Meta(ge=0)]
     rendezvous_port: Annotated[int, Meta(ge=1, le=65535)] = 29500
     mtu: Literal[1500, 9000]
@@ -100,13 +111,13 @@ class KubernetesSpec(Strict, frozen=True, kw_only=True):
     """Where a Kubernetes deployment lives: namespace and each member's local model cache."""
 
     namespace: Name
-    node_cache_path: str
+    node_cache_path: NodePath
     cache_size: Annotated[str, Meta(pattern=r"^[0-9]+(Gi|Ti)$")]
     storage_class: Name
     service_name: Name
     # Every JIT/compile cache on one hostPath per node (mounted at /cache), so a reboot does not
     # recompile; /dev/shm as a memory emptyDir for NCCL and vLLM workers (the default is 64 MiB).
-    node_jit_cache_path: str = "/var/lib/sparkforge/jit-cache"
+    node_jit_cache_path: NodePath = "/var/lib/sparkforge/jit-cache"
     shm_size: Annotated[str, Meta(pattern=r"^[0-9]+(Mi|Gi)$")] = "8Gi"
 
 

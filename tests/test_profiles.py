@@ -287,8 +287,34 @@ def test_a_broken_ring_profile_is_refused_at_load_naming_its_field(case, tmp_pat
             'socket_interface: "enP7s7\\nx: y", claim: dsv41-cache-spark-1',
             "members.0.socket_interface",
         ),
+        (
+            "  node_cache_path: /var/lib/llmkube/models",
+            '  node_cache_path: "/var/lib/llmkube/models\\n    type: Socket"',
+            "kubernetes.node_cache_path",
+        ),
+        (
+            "  node_jit_cache_path: /var/lib/sparkforge/jit-cache",
+            "  node_jit_cache_path: var/lib/sparkforge/jit-cache",
+            "kubernetes.node_jit_cache_path",
+        ),
+        (
+            "  rdma_resource: rdma/rdma_shared_device_a",
+            '  rdma_resource: "rdma/a: \\"1\\", nvidia.com/gpu"',
+            "fabric.rdma_resource",
+        ),
+        ("roceP2p1s0f1]", '"roceP2p1s0f1,mlx5_9"]', "fabric.ib_hca"),
     ],
-    ids=["quantization", "env key with a newline", "env key of a digit", "served name", "netdev"],
+    ids=[
+        "quantization",
+        "env key with a newline",
+        "env key of a digit",
+        "served name",
+        "netdev",
+        "cache path with a newline",
+        "relative jit cache path",
+        "rdma resource adding a limit",
+        "ib device adding a device",
+    ],
 )
 def test_a_value_that_could_change_a_documents_structure_is_refused_at_load(
     tmp_path, old, new, field
