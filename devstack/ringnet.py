@@ -40,7 +40,6 @@ from devstack.netns import (
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
-from devstack.settings import default_stack_dir
 
 UPLINKS = "10.253.0.0/16"
 RING_LINKS = "10.254.0.0/16"
@@ -111,12 +110,10 @@ class RingNet:
 
 
 def default_scratch() -> Path:
-    """Where rings keep their data: the stack's folder, or /var/tmp when that is under /tmp
-    (a checkout in /tmp, as CI's may be: the server's private /tmp would hide it)."""
-    folder = default_stack_dir().resolve()
-    if folder.is_relative_to("/tmp"):
-        return Path("/var/tmp/sparkforge-ringnet")
-    return folder / "ringnet"
+    """Where rings keep their data: /var/tmp, not the stack's folder (0700: the members' blob
+    servers, whose workers run as nobody, could not enter it) nor /tmp (the S3 server's
+    private /tmp would hide it)."""
+    return Path("/var/tmp/sparkforge-ringnet")
 
 
 def refused_here(err: LinkError) -> bool:
@@ -169,6 +166,7 @@ def ring_network(
     host_end = f"{tag}mh"
     scratch.mkdir(parents=True, exist_ok=True)
     data = Path(tempfile.mkdtemp(prefix="ringnet-", dir=scratch))
+    data.chmod(0o711)  # the members' nginx workers (nobody) enter it; nobody lists it
     made: list[str] = []
     net = None
     with sigterm_raises():

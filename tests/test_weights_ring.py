@@ -227,13 +227,23 @@ def test_doit_plan_weights_prints_who_fetches_what_from_where(tmp_path, stack_en
     assert big.count("S3") == 1 and big.count("<-") == 2  # one member from S3, two from it
 
 
-def test_blob_server_serves_ranges_to_ring_addresses_and_refuses_everyone_else(tmp_path):
-    blobs, ring = tmp_path / "blobs", tmp_path / "ring"
+@pytest.fixture
+def served_tmp():
+    """A folder the blob server's workers may enter: they run as nobody when the store is
+    root's, and pytest's tmp_path is 0700. Search only (0711): nobody lists it."""
+    folder = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    folder.chmod(0o711)
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_blob_server_serves_ranges_to_ring_addresses_and_refuses_everyone_else(served_tmp):
+    blobs, ring = served_tmp / "blobs", served_tmp / "ring"
     blobs.mkdir()
     data = os.urandom(100_000)
     sha = hashlib.sha256(data).hexdigest()
     (blobs / sha).write_bytes(data)
-    (tmp_path / "partial.part").write_bytes(data)
+    (served_tmp / "partial.part").write_bytes(data)
     server = BlobServer(blobs, ring, ("127.0.0.2",), ("127.0.0.3",), 18397).start()
     try:
         peer = urllib3.PoolManager(source_address=("127.0.0.3", 0), retries=False)
@@ -321,12 +331,12 @@ def raw_get(path: str, port: int, source: str = "127.0.0.3") -> tuple[int, bytes
         "/secret",
     ],
 )
-def test_paths_outside_the_blobs_are_refused_however_they_are_spelled(tmp_path, path):
-    blobs, ring = tmp_path / "blobs", tmp_path / "ring"
+def test_paths_outside_the_blobs_are_refused_however_they_are_spelled(served_tmp, path):
+    blobs, ring = served_tmp / "blobs", served_tmp / "ring"
     blobs.mkdir()
     ring.mkdir()
     (ring / "status.json").write_text('{"secret": "in the ring folder"}')
-    (tmp_path / "secret").write_text("beside the blobs")
+    (served_tmp / "secret").write_text("beside the blobs")
     server = BlobServer(blobs, ring, ("127.0.0.2",), ("127.0.0.3",), 18396).start()
     try:
         status, body = raw_get(path, 18396)
@@ -336,10 +346,10 @@ def test_paths_outside_the_blobs_are_refused_however_they_are_spelled(tmp_path, 
         server.stop()
 
 
-def test_a_link_in_the_blob_folder_is_not_served_whatever_it_points_at(tmp_path):
-    blobs, ring = tmp_path / "blobs", tmp_path / "ring"
+def test_a_link_in_the_blob_folder_is_not_served_whatever_it_points_at(served_tmp):
+    blobs, ring = served_tmp / "blobs", served_tmp / "ring"
     blobs.mkdir()
-    outside = tmp_path / "outside"
+    outside = served_tmp / "outside"
     outside.write_bytes(b"not a blob")
     data = os.urandom(1000)
     sha = hashlib.sha256(data).hexdigest()
@@ -355,8 +365,8 @@ def test_a_link_in_the_blob_folder_is_not_served_whatever_it_points_at(tmp_path)
         server.stop()
 
 
-def test_a_peer_blob_of_another_size_is_not_served_to_the_fetch(tmp_path):
-    blobs, ring = tmp_path / "blobs", tmp_path / "ring"
+def test_a_peer_blob_of_another_size_is_not_served_to_the_fetch(served_tmp):
+    blobs, ring = served_tmp / "blobs", served_tmp / "ring"
     blobs.mkdir()
     data = os.urandom(50_000)
     sha = hashlib.sha256(data).hexdigest()

@@ -5,12 +5,14 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import ipaddress
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from pipelines.images.oci import MANIFEST_TYPE, Image, load_image_index
 from pipelines.images.spec import ImageBadInput, ImageError, ImageUnreachable
@@ -29,7 +31,9 @@ ACCEPT = ", ".join(
 
 @dataclass(frozen=True)
 class Registry:
-    """A registry at host:port (plain HTTP on loopback, HTTPS elsewhere), logged in on demand."""
+    """A registry at host:port (plain HTTP on a literal loopback address, HTTPS elsewhere),
+    logged in on demand; its credentials go to its own host or a token realm it names over
+    HTTPS, nowhere else."""
 
     # host:port, or where to read it on the first call (the local stack's, once it runs)
     address: str | Callable[[], str]
@@ -38,14 +42,25 @@ class Registry:
 
     @functools.cached_property
     def host(self) -> str:
-        """Where the registry answers, as host:port."""
-        return self.address if isinstance(self.address, str) else self.address()
+        """Where the registry answers, as host:port (checked: nothing else fits in a URL)."""
+        host = self.address if isinstance(self.address, str) else self.address()
+        if not re.fullmatch(HOST_PORT, host):
+            raise ImageBadInput(
+                f"registry {host!r}: expected host[:port] (a name, an IPv4 address or an"
+                " [IPv6] address, then an optional port)"
+            )
+        return host
 
     @property
     def base(self) -> str:
-        """The URL prefix of the API."""
-        local = self.host.startswith(("127.", "localhost"))
-        return f"{'http' if local else 'https'}://{self.host}/v2"
+        """The URL prefix of the API: plain HTTP only where the traffic never leaves the host."""
+        scheme = "http" if is_loopback(urlsplit(f"//{self.host}").hostname) else "https"
+        return f"{scheme}://{self.host}/v2"
+
+    def is_own(self, url: str) -> bool:
+        """Whether url is on the registry itself (scheme, host and port): where its
+        credentials may go (an upload location can name any host)."""
+        return origin(url) == origin(self.base)
 
     def _call(
         self, method: str, url: str, body: Path | bytes | None = None, **kwargs: Any
@@ -55,7 +70,7 @@ class Registry:
 
         headers = kwargs.pop("headers", {})
         for attempt in range(2):
-            auth = self._tokens.get(self._scope_of(url), {})
+            auth = self._tokens.get(self._scope_of(url), {}) if self.is_own(url) else {}
             try:
                 if isinstance(body, Path):
                     with open(body, "rb") as data:
@@ -68,7 +83,7 @@ class Registry:
                 raise ImageUnreachable(
                     f"registry {self.host} unreachable ({method} {url}: {reason})"
                 ) from None
-            if r.status != 401 or attempt:
+            if r.status != 401 or attempt or not self.is_own(url):
                 return r
             self._tokens[self._scope_of(url)] = self._login(r.headers.get("WWW-Authenticate", ""))
         return r
@@ -113,24 +128,40 @@ class Registry:
         fields = dict(re.findall(r'(\w+)="([^"]*)"', params))
         if scheme.lower() != "bearer" or "realm" not in fields:
             raise ImageError(f"registry {self.host}: unsupported authentication {scheme!r}")
+        realm = self._trusted_realm(fields["realm"])
         query = {k: v for k, v in fields.items() if k in ("service", "scope")}
         try:
             if creds.identity_token:
                 # An identity token is an OAuth2 refresh token (distribution's token spec).
                 form = {**query, "grant_type": "refresh_token", "client_id": "sparkforge"}
                 form["refresh_token"] = creds.identity_token
-                r = http_pool().request(
-                    "POST", fields["realm"], fields=form, encode_multipart=False
-                )
+                r = http_pool().request("POST", realm, fields=form, encode_multipart=False)
             else:
                 auth = urllib3.make_headers(basic_auth=basic)
-                r = http_pool().request("GET", fields["realm"], fields=query, headers=auth)
+                r = http_pool().request("GET", realm, fields=query, headers=auth)
         except urllib3.exceptions.HTTPError as err:
             raise ImageError(f"registry {self.host}: token service: {type(err).__name__}") from None
         if r.status != 200:
             raise ImageError(f"registry {self.host}: token service said HTTP {r.status}")
         answer = r.json()
         return {"Authorization": f"Bearer {answer.get('token') or answer.get('access_token')}"}
+
+    def _trusted_realm(self, realm: str) -> str:
+        """The token realm a challenge names, if credentials may go there: HTTPS, or plain
+        HTTP to a literal loopback address (the registry cannot send them elsewhere)."""
+        try:
+            parts = urlsplit(realm)
+            host = parts.hostname
+        except ValueError:
+            parts, host = None, None
+        if parts is not None and host and parts.scheme == "https":
+            return realm
+        if parts is not None and parts.scheme == "http" and is_loopback(host):
+            return realm
+        raise ImageError(
+            f"registry {self.host}: token realm {realm[:200]!r} refused: credentials go only"
+            " to an https:// realm (plain http:// only on 127.0.0.0/8, ::1 or localhost)"
+        )
 
     def manifest_digest(self, repo: str, ref: str) -> str | None:
         """The digest a tag (or digest) points to, or None when the registry lacks it."""
@@ -202,6 +233,33 @@ class Registry:
         if r.status >= 400:
             said = r.data[:200].decode(errors="replace")
             raise ImageError(f"registry {self.host}: {what}: HTTP {r.status} {said}")
+
+
+# host[:port]: a DNS name or IPv4 address, or an [IPv6] address; no user, path or query.
+HOST_PORT = r"(?:[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?"
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether host is a literal loopback address (127.0.0.0/8, ::1) or the name localhost:
+    a name that only starts like one (localhost.example, 127.0.0.1.example) may be anywhere."""
+    if host is None:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def origin(url: str) -> tuple[str, str | None, int | None]:
+    """(scheme, host, port) of a URL, the port made explicit; one that does not parse has none."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return ("", None, None)
+    return (parts.scheme, parts.hostname, port)
 
 
 @dataclass(frozen=True)

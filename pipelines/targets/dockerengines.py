@@ -1,18 +1,30 @@
-"""The docker target's shared client: each member's Docker engine (unix://, tcp:// or ssh://),
-as deploy's backend and the fabric check's launcher both reach it, and the container options
-of a launch plan."""
+"""The docker target's shared client: each member's Docker engine (unix://, ssh://, or tcp://
+with verified TLS only), as deploy's backend and the fabric check's launcher both reach it, and
+the container options of a launch plan."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipelines.errors import DeployError, DeployUnreachable
+from pipelines.errors import BadInput, DeployError, DeployUnreachable
 from pipelines.profiles import Profile
 from pipelines.targets.ssh import Tunnel
 
 if TYPE_CHECKING:
     from docker import DockerClient
+    from docker.tls import TLSConfig
+
+# What the docker CLI reads from DOCKER_CERT_PATH for `--tlsverify`.
+TLS_FILES = ("ca.pem", "cert.pem", "key.pem")
+# Any version the SDK accepts: used for the one /version request that finds the engine's own.
+PROBE_API_VERSION = "1.24"
+
+
+class EngineBadInput(DeployError, BadInput):
+    """A member's engine URL that may not be used as it is (tcp:// without verified TLS)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +87,7 @@ class DockerEngines:
         """The Docker SDK client of a member's engine (one per URL)."""
         import docker
         import docker.errors
+        import requests
 
         if member.docker not in self._clients:
             url = member.docker
@@ -85,10 +98,12 @@ class DockerEngines:
                     raise DeployError(f"member {member.node}: {err}") from None
                 self._tunnels.append(tunnel)
                 url = tunnel.url
+            tls = engine_tls(member) if member.docker.startswith("tcp://") else None
             try:
-                client = docker.DockerClient(base_url=url)
+                client = tls_client(url, tls) if tls else docker.DockerClient(base_url=url)
                 client.ping()
-            except docker.errors.DockerException as err:
+            except (docker.errors.DockerException, requests.RequestException) as err:
+                # requests' own (an SSLError of an engine another CA signed) are not wrapped.
                 raise DeployUnreachable(
                     f"member {member.node}: Docker engine {member.docker} unreachable"
                     f" ({type(err).__name__}); expected a running engine at that URL"
@@ -104,3 +119,45 @@ class DockerEngines:
             tunnel.close()
         self._clients.clear()
         self._tunnels.clear()
+
+
+def engine_tls(member: MemberHost) -> TLSConfig:
+    """TLS for a tcp:// engine, as the docker CLI reads it: DOCKER_TLS_VERIFY set and the CA,
+    client certificate and key in DOCKER_CERT_PATH (default ~/.docker). Refused without: a
+    launch plan's env (ring staging's S3 keys) would cross the network in the clear."""
+    from docker.tls import TLSConfig
+
+    where = f"member {member.node}: Docker engine {member.docker}"
+    if not os.environ.get("DOCKER_TLS_VERIFY"):
+        raise EngineBadInput(
+            f"{where}: tcp:// without TLS refused (container env would cross in the clear);"
+            " expected DOCKER_TLS_VERIFY=1 with ca.pem, cert.pem and key.pem in"
+            " DOCKER_CERT_PATH, or an ssh:// URL"
+        )
+    folder = Path(os.environ.get("DOCKER_CERT_PATH") or Path.home() / ".docker")
+    missing = [name for name in TLS_FILES if not (folder / name).is_file()]
+    if missing:
+        raise EngineBadInput(
+            f"{where}: DOCKER_TLS_VERIFY is set but DOCKER_CERT_PATH {folder} lacks"
+            f" {', '.join(missing)}; expected ca.pem, cert.pem and key.pem"
+        )
+    ca, cert, key = (str(folder / name) for name in TLS_FILES)
+    return TLSConfig(client_cert=(cert, key), ca_cert=ca, verify=True)
+
+
+def tls_client(url: str, tls: TLSConfig) -> DockerClient:
+    """A client that verifies the engine against DOCKER_CERT_PATH's CA alone: requests would
+    let REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE replace it (trust_env), so env is not read."""
+    import docker
+
+    # A fixed version makes no request on creation; the engine's own is asked for once the
+    # session ignores the environment, then used as the SDK's `auto` would.
+    probe = docker.APIClient(base_url=url, tls=tls, version=PROBE_API_VERSION)
+    probe.trust_env = False
+    try:
+        version = str(probe.version(api_version=False)["ApiVersion"])
+    finally:
+        probe.close()
+    client = docker.DockerClient(base_url=url, tls=tls, version=version)
+    client.api.trust_env = False
+    return client

@@ -6,6 +6,7 @@ only the addresses it is told to (`allow`/`deny`), it only reads, and Debian kee
 It serves exactly two things: `/sha256/<hex>` from blobs/sha256 (a name there is published
 only once verified and durable, so a partial download is never visible) and `/status.json`,
 the member's progress and the blobs it has. Every other path, method or address is refused.
+Its workers never run as root: a root-owned store is served as nobody.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from pathlib import Path
 from pipelines.errors import PipelineError
 
 TEMP_PATHS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+# Who serves a root-owned store: a worker that a request subverts must not be root.
+UNPRIVILEGED = "nobody"
 
 
 class BlobServerError(PipelineError):
@@ -80,42 +83,75 @@ http {{
 """
 
 
-def store_owner(root: Path, served: tuple[Path, ...] = ()) -> str:
-    """'user group' for nginx's workers: the store's owner, who reads what the store holds.
+def worker_user(root: Path, served: tuple[Path, ...] = ()) -> str:
+    """'user group' for nginx's workers, never root: the store's owner where that is a named
+    user other than root (it reads what it owns), else nobody.
 
-    nginx's `user` takes names only. An owner with no passwd entry (a host uid in the stager
-    image) gives 'nobody': the blobs are 0444, so nobody reads them if it can enter root and
-    every served folder; else one line says which folder it may not enter.
+    nginx's `user` takes names only. nobody reads the blobs (published 0444) once it may enter
+    every folder on the way: a root-owned store's own folders get search (o+x, never read or
+    write) where they lack it; a folder above the store, or one of an owner with no name, is
+    not ours to open, and one line says which it is.
     """
     st = os.stat(root)
+    owner = name_of_user(st.st_uid)
+    if owner is not None and st.st_uid != 0:
+        group = name_of_group(st.st_gid) or name_of_group(pwd.getpwnam(owner).pw_gid)
+        return f"{owner} {group or owner}"
     try:
-        user = pwd.getpwuid(st.st_uid).pw_name
-    except KeyError:
-        user = None
-    try:
-        group = grp.getgrgid(st.st_gid).gr_name
-    except KeyError:
-        group = None
-    if user is not None and group is not None:
-        return f"{user} {group}"
-    try:
-        nobody = pwd.getpwnam("nobody")
-        fallback = grp.getgrgid(nobody.pw_gid)
+        nobody = pwd.getpwnam(UNPRIVILEGED)
+        group = grp.getgrgid(nobody.pw_gid).gr_name
     except KeyError:
         raise BlobServerError(
-            f"{root}: owner uid {st.st_uid} gid {st.st_gid} has no name here, and no 'nobody'"
-            " user or group to serve it as"
+            f"{root}: owner uid {st.st_uid} gid {st.st_gid}: no '{UNPRIVILEGED}' user or group"
+            " here to serve it as (nginx's workers never run as root)"
         ) from None
-    if user is None and os.geteuid() == 0:  # only root's nginx switches its workers' user
-        for folder in (root, *served):
-            blocked = blocked_for(folder, nobody.pw_uid, fallback.gr_gid)
-            if blocked is not None:
-                mode = stat.filemode(os.stat(blocked).st_mode)
-                raise BlobServerError(
-                    f"{root}: owner uid {st.st_uid} has no passwd entry, so nginx serves it as"
-                    f" nobody, which may not enter {blocked} ({mode})"
-                )
-    return f"{user or nobody.pw_name} {group or fallback.gr_name}"
+    if os.geteuid() == 0:  # only root's nginx switches its workers' user
+        let_in(root, st.st_uid, served, nobody.pw_uid, nobody.pw_gid)
+    return f"{UNPRIVILEGED} {group}"
+
+
+def let_in(root: Path, owner: int, served: tuple[Path, ...], uid: int, gid: int) -> None:
+    """Make every folder on the way to root and served enterable by uid:gid, opening only a
+    root-owned store's own folders (search only); refuse, in one line, any other."""
+    store = Path(os.path.commonpath([root, *served]))
+    for folder in (root, *served):
+        while (blocked := blocked_for(folder, uid, gid)) is not None:
+            st = os.stat(blocked)
+            ours = owner == 0 and st.st_uid == 0 and blocked.is_relative_to(store)
+            if not ours or store == Path(store.anchor) or st.st_gid == gid:
+                raise not_enterable(root, owner, blocked, store)
+            os.chmod(blocked, stat.S_IMODE(st.st_mode) | stat.S_IXOTH)
+
+
+def not_enterable(root: Path, owner: int, blocked: Path, store: Path) -> BlobServerError:
+    """The one line for a folder on the way that the workers may not enter, and is not ours."""
+    mode = stat.filemode(os.stat(blocked).st_mode)
+    if owner == 0:
+        return BlobServerError(
+            f"{root}: owned by root, so nginx's workers serve it as {UNPRIVILEGED}, which may not"
+            f" enter {blocked} ({mode}); expected every folder above the store {store}"
+            " searchable by others (o+x)"
+        )
+    return BlobServerError(
+        f"{root}: owner uid {owner} has no passwd entry, so nginx serves it as nobody,"
+        f" which may not enter {blocked} ({mode})"
+    )
+
+
+def name_of_user(uid: int) -> str | None:
+    """The passwd name of uid, or None."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
+
+
+def name_of_group(gid: int) -> str | None:
+    """The group name of gid, or None."""
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return None
 
 
 def blocked_for(folder: Path, uid: int, gid: int) -> Path | None:
@@ -143,7 +179,7 @@ class BlobServer:
         self, blobs: Path, ring: Path, listen: tuple[str, ...], allow: tuple[str, ...], port: int
     ):
         self.listen, self.port, self.ring = listen, port, ring
-        self.config = nginx_config(blobs, ring, listen, allow, port, store_owner(blobs, (ring,)))
+        self.config = nginx_config(blobs, ring, listen, allow, port, worker_user(blobs, (ring,)))
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 15.0) -> BlobServer:
