@@ -43,6 +43,7 @@ from pipelines.errors import BadInput, DeployUnreachable
 from pipelines.images.registry import Registry
 from pipelines.images.spec import ImageBadInput, ImageError
 from pipelines.profiles import parse_profile
+from pipelines.progress import NoProgress
 from pipelines.targets.dockerengines import DockerEngines, MemberHost
 from pipelines.weights.blobserver import BlobServer, BlobServerError
 
@@ -90,7 +91,7 @@ def test_a_registry_host_that_is_more_than_host_port_is_refused(host):
 
 class Recorder(http.server.ThreadingHTTPServer):
     """An HTTP server on every address of this machine that records each request's method, path
-    and headers; answers: a token (GET), a Basic challenge (PUT), 404 otherwise."""
+    and headers; answers: a token (GET), a Basic challenge (PUT, PATCH), 404 otherwise."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, dict[str, str]]] = []
@@ -120,13 +121,13 @@ class RecordingHandler(http.server.BaseHTTPRequestHandler):
             self.send_response(200)
         else:
             body = b"who are you"
-            self.send_response(401 if self.command == "PUT" else 404)
+            self.send_response(401 if self.command in ("PUT", "PATCH") else 404)
             self.send_header("WWW-Authenticate", 'Basic realm="elsewhere"')
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
-    do_GET = do_PUT = do_POST = do_HEAD = answer
+    do_GET = do_PUT = do_PATCH = do_POST = do_HEAD = answer
 
     def log_message(self, *args) -> None:
         pass
@@ -283,16 +284,16 @@ def test_an_upload_sent_to_another_host_carries_no_credentials(tmp_path, recorde
     digest = "sha256:" + hashlib.sha256(b"layer bytes").hexdigest()
     try:
         with pytest.raises(ImageError) as err:
-            Registry(host).push_blob("sparkforge/tiny", digest, blob)
+            Registry(host).push_blob("sparkforge/tiny", digest, blob, NoProgress())
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-    assert [method for method, _, _ in recorder.seen] == ["PUT"]  # one try, no login there
+    assert [method for method, _, _ in recorder.seen] == ["PATCH"]  # one try, no login there
     sent = json.dumps(recorder.seen)
     basic = base64.b64encode(f"{USER}:{password}".encode()).decode()
     assert "authorization" not in sent and password not in sent and basic not in sent
     assert str(err.value) == (
-        f"registry {host}: upload {digest} to sparkforge/tiny: HTTP 401 who are you"
+        f"registry {host}: upload {digest} to sparkforge/tiny at 0: HTTP 401 who are you"
     )
     assert err.value.exit_code == 1
 

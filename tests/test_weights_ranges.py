@@ -3,7 +3,6 @@ ranges that keep breaking, waits, rate limits, a whole body for a range, a repla
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import http.server
 import os
@@ -14,6 +13,7 @@ import time
 import boto3
 import botocore.config
 import pytest
+from support.cutting_proxy import CuttingProxy
 from support.model_bucket import fetch, fresh_source
 
 from pipelines.progress import NoProgress
@@ -31,51 +31,6 @@ from pipelines.weights.ranges import RangeError
 from pipelines.weights.s3 import S3Url
 
 BIG = "model-00047-of-00048.safetensors"
-
-
-class CuttingProxy:
-    """A TCP proxy to the real S3 that cuts every third (every) connection after 300 kB of reply."""
-
-    def __init__(self, target_port: int, every: int = 3):
-        self.target = ("127.0.0.1", target_port)
-        self.every = every
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.connections = 0
-        self.cuts = 0
-        threading.Thread(target=self.serve, daemon=True).start()
-
-    def serve(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            self.connections += 1
-            cut = self.connections % self.every == 0
-            upstream = socket.create_connection(self.target)
-            threading.Thread(target=self.pipe, args=(client, upstream, None), daemon=True).start()
-            limit = 300_000 if cut else None
-            threading.Thread(target=self.pipe, args=(upstream, client, limit), daemon=True).start()
-
-    def pipe(self, src: socket.socket, dst: socket.socket, limit: int | None) -> None:
-        sent = 0
-        try:
-            while data := src.recv(65536):
-                if limit is not None and sent + len(data) > limit:
-                    self.cuts += 1
-                    break
-                dst.sendall(data)
-                sent += len(data)
-        except OSError:
-            pass
-        for sock in (src, dst):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-
-    def close(self) -> None:
-        self.server.close()
 
 
 def proxied_client(proxy: CuttingProxy, stack, stack_env):

@@ -4,17 +4,16 @@ by hash, and a local repository of exactly those .debs for debootstrap to build 
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import lzma
 import os
 import shutil
 import subprocess
 import tempfile
-import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from pipelines.addresses import is_loopback_url
 from pipelines.errors import Unreachable
 from pipelines.httpjson import HTTPError, http_pool
 from pipelines.images.debian_lock import BaseLockError, Deb, DebianLock, Release
@@ -119,7 +118,7 @@ def check_signature(spec: LocalBase, release: bytes) -> None:
     try:
         signature = get(url, RELEASE_CAP)
     except BaseLockError:
-        if is_loopback(spec.mirror):
+        if is_loopback_url(spec.mirror):
             return
         raise
     with tempfile.TemporaryDirectory(prefix="sparkforge-release-") as tmp:
@@ -137,17 +136,6 @@ def check_signature(spec: LocalBase, release: bytes) -> None:
             f"Debian mirror: {spec.mirror} {spec.suite}: Release's signature does not verify"
             f" against {KEYRING}: {last}"
         )
-
-
-def is_loopback(url: str) -> bool:
-    """True for a URL whose host is a loopback address or `localhost` itself."""
-    host = urllib.parse.urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def lock_suite(spec: LocalBase, archs: list[str]) -> DebianLock:

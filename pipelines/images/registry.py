@@ -5,21 +5,30 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
-import ipaddress
 import os
 import re
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from pipelines.addresses import is_loopback
 from pipelines.images.oci import MANIFEST_TYPE, Image, load_image_index
 from pipelines.images.spec import ImageBadInput, ImageError, ImageUnreachable
+from pipelines.progress import Progress, ProgressSink, human_bytes, say
 
 if TYPE_CHECKING:
     import urllib3
 
+# Uploads: a blob goes in chunks of this size, each resumable where the registry says it stands;
+# a GB10 layer is gigabytes, and one cut connection must not start it again from zero.
+UPLOAD_CHUNK = 32 << 20
+UPLOAD_RESUMES = 5  # cut connections one blob survives
+PUSHERS = 4  # blobs uploaded at once
+OCTETS = "application/octet-stream"
+PROGRESS_BLOB = 64 << 20  # blobs this big get their own progress line
 ACCEPT = ", ".join(
     [
         MANIFEST_TYPE,
@@ -37,6 +46,7 @@ class Registry:
 
     # host:port, or where to read it on the first call (the local stack's, once it runs)
     address: str | Callable[[], str]
+    chunk: int = UPLOAD_CHUNK  # bytes per PATCH of an upload
     # Authorization headers by challenge scope, learned from 401 answers (never printed).
     _tokens: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -184,24 +194,73 @@ class Registry:
         r = self._call("HEAD", f"{self.base}/{repo}/blobs/{digest}")
         return r.status == 200
 
-    def push_blob(self, repo: str, digest: str, path: Path) -> bool:
-        """Upload one blob unless present (monolithic upload); True when it was sent."""
+    def push_blob(self, repo: str, digest: str, path: Path, progress: ProgressSink) -> bool:
+        """Upload one blob unless present, in chunks (the API's PATCH with Content-Range). After
+        a cut, the upload goes on from where the registry says it stands; a registry that gave
+        the session up (distribution does, once a chunk arrived in part) gets a new session from
+        byte 0. True when it was sent."""
         if self.has_blob(repo, digest):
             return False
-        r = self._call("POST", f"{self.base}/{repo}/blobs/uploads/")
-        self._check(r, f"start upload to {repo}")
-        location = r.headers["Location"]
-        if location.startswith("/"):
-            location = self.base.removesuffix("/v2") + location
-        separator = "&" if "?" in location else "?"
+        location = self._start_upload(repo)
+        size, offset, sent, resumes = path.stat().st_size, 0, 0, 0
+        with open(path, "rb") as data:
+            while offset < size:
+                data.seek(offset)
+                chunk = data.read(min(self.chunk, size - offset))
+                end = offset + len(chunk) - 1
+                headers = {"Content-Type": OCTETS, "Content-Range": f"{offset}-{end}"}
+                try:
+                    r = self._call("PATCH", location, body=chunk, headers=headers)
+                except ImageUnreachable:
+                    resumes += 1
+                    if resumes > UPLOAD_RESUMES:
+                        raise
+                    sent += len(chunk)
+                    held = self._upload_offset(location)
+                    location, offset = (
+                        (location, held)
+                        if held is not None
+                        else (
+                            self._start_upload(repo),
+                            0,
+                        )
+                    )
+                    continue
+                self._check(r, f"upload {digest} to {repo} at {offset}")
+                location = self._absolute(r.headers.get("Location", location))
+                sent += len(chunk)
+                progress.advance(digest, len(chunk))
+                offset = end + 1
         r = self._call(
-            "PUT",
-            f"{location}{separator}digest={digest}",
-            body=Path(path),
-            headers={"Content-Type": "application/octet-stream"},
+            "PUT", f"{location}{'&' if '?' in location else '?'}digest={digest}", body=b""
         )
         self._check(r, f"upload {digest} to {repo}")
+        if resumes:
+            say(
+                "push",
+                f"{digest[7:19]}: {human_bytes(size)}, cut {resumes} time(s),"
+                f" {human_bytes(sent - size)} sent again",
+            )
         return True
+
+    def _start_upload(self, repo: str) -> str:
+        """A new upload session's location."""
+        r = self._call("POST", f"{self.base}/{repo}/blobs/uploads/")
+        self._check(r, f"start upload to {repo}")
+        return self._absolute(r.headers["Location"])
+
+    def _absolute(self, location: str) -> str:
+        """An upload location as a URL (the registry may answer with a path alone)."""
+        return self.base.removesuffix("/v2") + location if location.startswith("/") else location
+
+    def _upload_offset(self, location: str) -> int | None:
+        """Where an interrupted upload stands (the byte after the Range the registry holds), or
+        None where the registry no longer knows the session or says nothing usable."""
+        r = self._call("GET", location)
+        held = r.headers.get("Range", "")  # "0-N": bytes 0..N are in
+        if r.status != 204 or not re.fullmatch(r"0-[0-9]+", held):
+            return None
+        return int(held.split("-")[1]) + 1
 
     def push_manifest(
         self, repo: str, ref: str, manifest: bytes, media_type: str = MANIFEST_TYPE
@@ -220,9 +279,16 @@ class Registry:
         return digest
 
     def push_image(self, repo: str, image: Image, tags: list[str]) -> str:
-        """Push blobs, then the manifest by digest, then each tag; returns the digest."""
-        for blob in image.blobs():
-            self.push_blob(repo, blob.digest, blob.path)
+        """Push blobs (several at once, with progress), then the manifest by digest, then each
+        tag; returns the digest."""
+        blobs = image.blobs()
+        big = {b.digest: b.size for b in blobs if b.size >= PROGRESS_BLOB}
+        progress = Progress(f"push {repo}", sum(b.size for b in blobs), big)
+        try:
+            with ThreadPoolExecutor(PUSHERS) as pool:
+                list(pool.map(lambda b: self.push_blob(repo, b.digest, b.path, progress), blobs))
+        finally:
+            progress.close()
         self.push_manifest(repo, image.digest, image.manifest)
         for tag in tags:
             self.push_manifest(repo, tag, image.manifest)
@@ -237,19 +303,6 @@ class Registry:
 
 # host[:port]: a DNS name or IPv4 address, or an [IPv6] address; no user, path or query.
 HOST_PORT = r"(?:[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?"
-
-
-def is_loopback(host: str | None) -> bool:
-    """Whether host is a literal loopback address (127.0.0.0/8, ::1) or the name localhost:
-    a name that only starts like one (localhost.example, 127.0.0.1.example) may be anywhere."""
-    if host is None:
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def origin(url: str) -> tuple[str, str | None, int | None]:
