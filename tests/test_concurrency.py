@@ -307,3 +307,30 @@ def test_two_deploys_at_once_the_second_waits_and_the_first_deployment_is_intact
     assert key in json.dumps(container.labels)
     assert served_models(world) == [world["profile"]["model"]["served_name"]]
     assert holder(path, name) == f"deploy of profile {name} held by another process"
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_a_deploy_stopped_while_it_waits_says_so_in_one_line_and_touches_nothing(
+    world, docker_client, stop
+):
+    name = world["name"]
+    path = profile_lock(world["store"] / "deployments", name)
+    before = (len(records(world)), [c.id for c in docker_client.containers.list(all=True)])
+    with in_turn(path, name, "rollback", "the test"):
+        waiting = doit(world["env"], "deploy", f"profile={name}")
+
+        def it_waits() -> bool:
+            """the deploy waiting for the lock (or ended)"""
+            return waiting.pid in lock_waiters(path) or waiting.poll() is not None
+
+        wait_for(it_waits, timeout=300)
+        waiting.send_signal(stop)
+        output = finished(waiting)[0]
+    assert waiting.returncode == 130, output
+    assert (
+        f"deploy of profile {name}: stopped ({stop.name}) while waiting for the rollback of"
+        f" profile {name} held by pid {os.getpid()} (the test, since "
+    ) in output
+    assert "Traceback" not in output
+    after = (len(records(world)), [c.id for c in docker_client.containers.list(all=True)])
+    assert after == before

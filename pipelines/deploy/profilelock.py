@@ -1,6 +1,6 @@
-"""One deploy or rollback of a profile at a time per store: a second one waits for the first,
-saying on one line whose turn it is. An flock, so the kernel lets go when its holder dies: a
-killed deploy never blocks the next one."""
+"""One deploy, rollback or ring staging of a profile at a time per store: a second one waits for
+the first, saying on one line whose turn it is. An flock, so the kernel lets go when its holder
+dies: a killed deploy never blocks the next one."""
 
 from __future__ import annotations
 
@@ -13,6 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from pipelines.deploy.signals import Terminated
+from pipelines.errors import INTERRUPTED, DeployError
+
+
+class StoppedWaiting(DeployError):
+    """Ctrl-C, SIGTERM or SIGHUP while waiting for another deploy's turn: nothing touched."""
+
+    exit_code = INTERRUPTED
+
 
 def profile_lock(deployments: Path, profile: str) -> Path:
     """Beside the profile's records (`<store>/deployments/<profile>/`): its deploy lock."""
@@ -22,14 +31,22 @@ def profile_lock(deployments: Path, profile: str) -> Path:
 @contextlib.contextmanager
 def in_turn(path: Path, profile: str, action: str, who: str) -> Iterator[None]:
     """Hold the profile's deploy lock for the block; while another process holds it, wait,
-    after one line naming it (Ctrl-C or SIGTERM gives up waiting: exit 130)."""
+    after one line naming it (Ctrl-C, SIGTERM or SIGHUP stop the wait: StoppedWaiting, 130)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"{action}: waiting for the {holder(path, profile)} ...", flush=True)
-            fcntl.flock(f, fcntl.LOCK_EX)
+            held = holder(path, profile)
+            print(f"{action}: waiting for the {held} ...", flush=True)
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX)
+            except (KeyboardInterrupt, Terminated) as stop:
+                signal = str(stop) or "SIGINT"  # Terminated names its signal; Ctrl-C is SIGINT
+                raise StoppedWaiting(
+                    f"{action} of profile {profile}: stopped ({signal}) while waiting for the"
+                    f" {held}; nothing touched"
+                ) from None
         try:
             say_holder(f, action, who)
             yield
