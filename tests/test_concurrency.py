@@ -221,6 +221,12 @@ def wait_for(condition, timeout: float = 120) -> None:
         time.sleep(0.05)
 
 
+def containers(docker_client, profile: str) -> list[tuple[str, str, str]]:
+    """(name, id, status) of the profile's containers (other modules' run beside them)."""
+    found = docker_client.containers.list(all=True, filters={"name": f"sparkforge-{profile}-"})
+    return sorted((c.name, c.id, c.status) for c in found)
+
+
 def test_two_builds_at_once_on_one_store_both_finish_with_the_same_outputs(stack, tmp_path):
     env = {**os.environ, "SPARKFORGE_STORE": str(tmp_path / "store")}
     runs = [doit(env, "build", "profile=local") for _ in range(2)]
@@ -315,7 +321,7 @@ def test_a_deploy_stopped_while_it_waits_says_so_in_one_line_and_touches_nothing
 ):
     name = world["name"]
     path = profile_lock(world["store"] / "deployments", name)
-    before = (len(records(world)), [c.id for c in docker_client.containers.list(all=True)])
+    before = (len(records(world)), containers(docker_client, name))
     with in_turn(path, name, "rollback", "the test"):
         waiting = doit(world["env"], "deploy", f"profile={name}")
 
@@ -332,5 +338,5 @@ def test_a_deploy_stopped_while_it_waits_says_so_in_one_line_and_touches_nothing
         f" profile {name} held by pid {os.getpid()} (the test, since "
     ) in output
     assert "Traceback" not in output
-    after = (len(records(world)), [c.id for c in docker_client.containers.list(all=True)])
+    after = (len(records(world)), containers(docker_client, name))
     assert after == before
