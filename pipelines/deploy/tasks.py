@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pipelines.deploy.health import smoke
 from pipelines.deploy.plan import Deployment
+from pipelines.deploy.profilelock import in_turn, profile_lock
 from pipelines.deploy.records import (
     DEPLOYED,
     REFUSED,
@@ -112,7 +113,9 @@ class Deploy:
                 stage_timeout_s=settings.stage_timeout_s,
             ),
         )
-        self.records = Records(engine.store.area("deployments") / profile.name)
+        deployments = engine.store.area("deployments")
+        self.records = Records(deployments / profile.name)
+        self.deploy_lock = profile_lock(deployments, profile.name)
 
     @cached_property
     def backend(self) -> Backend:
@@ -363,12 +366,22 @@ class Deploy:
 
         return run
 
+    def _in_turn(self, action: str, work: Callable[[], None]) -> Callable[[], None]:
+        """work, once no other deploy, rollback or ring staging of the profile runs from this
+        store: two would put aside each other's containers and interleave their records."""
+
+        def run() -> None:
+            with in_turn(self.deploy_lock, self.profile.name, action, self.settings.who):
+                work()
+
+        return run
+
     def create_doit_tasks(self) -> Iterator[dict[str, Any]]:
         """deploy (after build), stage_ring (Docker-host rings), rollback and status."""
         yield side_task(
             "deploy",
             "deploy the built profile, smoke it, then move :stable (restores on failure)",
-            self._backend_built(self.deploy),
+            self._backend_built(self._in_turn("deploy", self.deploy)),
             deps=["build"],
         )
         if self.ring_staging and not target_of(self.profile).stages_in_render:
@@ -376,13 +389,13 @@ class Deploy:
                 "stage_ring",
                 "stage the weights on every member host: each file from S3 once, the rest"
                 " from peers (weights-stager containers)",
-                self._backend_built(self.stage_ring),
+                self._backend_built(self._in_turn("stage_ring", self.stage_ring)),
                 deps=list(self.ring_staging.after),
             )
         yield side_task(
             "rollback",
             "restore the previous deployment and :stable-prev",
-            self._backend_built(self.rollback),
+            self._backend_built(self._in_turn("rollback", self.rollback)),
         )
         yield side_task(
             "status",

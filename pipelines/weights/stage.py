@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import re
+import secrets
+from collections.abc import Iterator
 from pathlib import Path
 
 from pipelines.errors import PipelineError
@@ -50,6 +53,30 @@ def staged_record(folder: Path) -> Path:
     return folder.with_name(f"{folder.name}.staged.json")
 
 
+def staging_lock(folder: Path) -> Path:
+    """Beside a staged folder: the file whose flock one stager at a time holds."""
+    return folder.with_name(f"{folder.name}.staging.lock")
+
+
+@contextlib.contextmanager
+def staging(folder: Path) -> Iterator[None]:
+    """Be the only one staging folder (processes, threads, containers on this host), waiting
+    for another; the kernel lets go of the flock when its holder dies."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(staging_lock(folder), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def temp_name() -> str:
+    """A name of this stager's own to link through: hidden, so a plan never holds it and the
+    next stager removes it if a kill leaves it behind."""
+    return f".{os.getpid()}.{secrets.token_hex(8)}.staging"
+
+
 def record_staged(folder: Path, lock_sha256: str) -> None:
     """Say, atomically, which lock the folder now holds."""
     record = {"lock_sha256": lock_sha256}
@@ -87,23 +114,33 @@ def check_plan(folder: Path, plan: dict[str, str]) -> None:
             raise StageError(f"{folder}: file {name!r}: blob {sha!r}: expected 64 hex digits")
 
 
-def stage(folder: Path, plan: dict[str, str], blobs: BlobStore) -> list[str]:
-    """Make folder exactly the plan, each name replaced atomically; returns the names linked."""
+def stage(
+    folder: Path, plan: dict[str, str], blobs: BlobStore, lock_sha256: str | None = None
+) -> list[str]:
+    """Make folder exactly the plan, each name replaced atomically, and record lock_sha256 (if
+    given) beside it, holding the folder's staging lock throughout; returns the names linked.
+
+    Check, lock, check again: what to link is decided under the lock, so a stager that waited
+    for another links only what is still stale (nothing, when both stage one plan).
+    """
     check_plan(folder, plan)
     missing = [n for n, sha in plan.items() if not blobs.blob(sha).exists()]
     if missing:
         raise StageError(f"{folder}: blob of {missing[0]!r} is not in the store; fetch first")
-    folder.mkdir(parents=True, exist_ok=True)
-    relink, extra = stale_names(folder, plan, blobs)
-    # Linking and unlinking move a blob's ctime: carry its verified digest across.
-    touched = {blobs.blob(plan[name]).absolute() for name in relink}
-    for name in relink + extra:
-        with contextlib.suppress(FileNotFoundError):
-            old = blobs.statcache.path_of_inode(os.stat(folder / name))
-            if old is not None:
-                touched.add(old)
-    with blobs.statcache.links_changing(touched):
-        link_names(folder, plan, blobs, relink, extra)
+    with staging(folder):
+        folder.mkdir(exist_ok=True)
+        relink, extra = stale_names(folder, plan, blobs)
+        # Linking and unlinking move a blob's ctime: carry its verified digest across.
+        touched = {blobs.blob(plan[name]).absolute() for name in relink}
+        for name in relink + extra:
+            with contextlib.suppress(FileNotFoundError):
+                old = blobs.statcache.path_of_inode(os.stat(folder / name))
+                if old is not None:
+                    touched.add(old)
+        with blobs.statcache.links_changing(touched):
+            link_names(folder, plan, blobs, relink, extra)
+        if lock_sha256 is not None:
+            record_staged(folder, lock_sha256)
     return relink
 
 
@@ -111,9 +148,8 @@ def link_names(
     folder: Path, plan: dict[str, str], blobs: BlobStore, relink: list[str], extra: list[str]
 ) -> None:
     """Replace each name in relink by a hard link to its blob, and remove the extra names."""
+    tmp = folder / temp_name()
     for name in relink:
-        tmp = folder / f".{name}.staging"
-        tmp.unlink(missing_ok=True)
         try:
             os.link(blobs.blob(plan[name]), tmp)
         except OSError as err:

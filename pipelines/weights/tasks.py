@@ -30,7 +30,7 @@ from pipelines.weights.lock import (
 )
 from pipelines.weights.options import WeightsSettings
 from pipelines.weights.patch import ORIG_SUFFIX, config_bytes, patch_tp3, read_config
-from pipelines.weights.stage import is_staged, record_staged, stage, stage_plan, staged_from
+from pipelines.weights.stage import is_staged, stage, stage_plan, staged_from
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
@@ -260,8 +260,7 @@ class Weights:
         """Link the model folder to the blobs, then record the lock it was staged from."""
         self.restore_patched_blob()
         plan = stage_plan(self.complete_lock(), self.overrides())
-        linked = stage(self.folder, plan, self.blobs)
-        record_staged(self.folder, self.lock_sha256())
+        linked = stage(self.folder, plan, self.blobs, self.lock_sha256())
         print(f"stage_weights: {self.folder} ({len(linked)} names linked)")
 
     # --- verify ----------------------------------------------------------------------------
