@@ -145,7 +145,7 @@ def test_a_lock_nested_past_the_bound_is_one_line_with_exit_code_2(tmp_path):
 
 
 def test_a_render_output_nested_too_deep_is_one_line(tmp_path):
-    (tmp_path / "10-deep.yaml").write_text("- " * DEEP + "x\n")
+    (tmp_path / "10-deep.yaml").write_text("- " * (YAML_MAX_DEPTH + 1) + "x\n")
     with pytest.raises(
         DeployError, match=rf"10-deep.yaml: line 1: nested deeper than {YAML_MAX_DEPTH} levels"
     ):
