@@ -28,7 +28,7 @@ from pipelines.steps import Engine, Step
 from pipelines.store import Store
 from pipelines.weights.lock import LockError, load_lock
 from pipelines.weights.patch import PatchError, read_config
-from pipelines.weights.ring import BadPeerStatus, RingStager, read_peer_status
+from pipelines.weights.ring import STATUS_MAX_BYTES, BadPeerStatus, RingStager, read_peer_status
 
 SHA = "ab" * 32
 
@@ -352,14 +352,16 @@ def test_a_bad_peer_status_is_one_line(case):
 
 
 class Answer:
-    """A peer's HTTP answer, read as urllib3's streamed response is."""
+    """A peer's HTTP answer, read as urllib3's streamed response is (counting what was read)."""
 
     def __init__(self, data: bytes, status: int = 200):
-        self.status, self._body = status, io.BytesIO(data)
+        self.status, self._body, self.read_bytes = status, io.BytesIO(data), 0
 
     def read(self, amt: int | None = None) -> bytes:
         """Up to amt bytes of the body."""
-        return self._body.read(amt)
+        data = self._body.read(amt)
+        self.read_bytes += len(data)
+        return data
 
     def release_conn(self) -> None:
         """Nothing held."""
@@ -367,12 +369,14 @@ class Answer:
 
 def polled(data: bytes) -> SimpleNamespace:
     """A stager that knew peer 1 had a blob and was done, after peer 1 answers data."""
+    answer = Answer(data)
     peer = SimpleNamespace(
-        pool=SimpleNamespace(request=lambda *a, **k: Answer(data)), base="http://p1", label="p1"
+        pool=SimpleNamespace(request=lambda *a, **k: answer), base="http://p1", label="p1"
     )
     stager = SimpleNamespace(
+        answer=answer,
         peers={1: peer},
-        statuses={1: {"published": [SHA], "complete": True, "done": 5}},
+        statuses={1: {"published": [SHA], "complete": True, "done": 5, "from_s3": 5}},
         answering=set(),
         fetching={},
         _seen=threading.Lock(),
@@ -395,6 +399,12 @@ def test_a_peer_answering_done_1e99_counts_as_having_nothing_never_a_type_error(
     # What the progress line and the linger loop compute from every peer's status.
     assert sum(s.get("done", 0) for s in stager.statuses.values()) == 0
     assert stager.fetching == {}  # a bad answer is not progress from S3
+
+
+def test_a_peer_answering_64_mib_is_read_no_further_than_the_cap():
+    stager = polled(b" " * (64 << 20))
+    assert stager.said == "larger than 4 MiB; taken as having nothing"
+    assert stager.answer.read_bytes == STATUS_MAX_BYTES + 1
 
 
 def test_a_good_peer_status_is_kept_with_its_fields_typed():

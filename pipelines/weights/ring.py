@@ -430,6 +430,8 @@ class RingStager:
             )
             try:
                 data = response.read(STATUS_MAX_BYTES + 1)
+                if len(data) > STATUS_MAX_BYTES:
+                    response.close()  # the rest unread: the connection cannot be used again
             finally:
                 response.release_conn()
         except urllib3.exceptions.HTTPError:
