@@ -122,8 +122,13 @@ def read_capped(path: Path, cap: int, error: type[PipelineError]) -> bytes:
     except IsADirectoryError:
         raise error(f"{path}: a folder, expected a file") from None
     if len(data) > cap:
-        raise error(f"{path}: larger than {cap // MiB} MiB; refused unread") from None
+        raise error(f"{path}: larger than {size_text(cap)}; refused unread") from None
     return data
+
+
+def size_text(n: int) -> str:
+    """A cap as people write it: whole MiB, else bytes."""
+    return f"{n // MiB} MiB" if n % MiB == 0 else f"{n} bytes"
 
 
 def decode_json(data: bytes, where: str, error: type[PipelineError], model: Any = Any) -> Any:
