@@ -366,6 +366,10 @@ class Answer:
     def release_conn(self) -> None:
         """Nothing held."""
 
+    def close(self) -> None:
+        """The rest of the body is never read."""
+        self.closed = True
+
 
 def polled(data: bytes) -> SimpleNamespace:
     """A stager that knew peer 1 had a blob and was done, after peer 1 answers data."""
@@ -405,6 +409,7 @@ def test_a_peer_answering_64_mib_is_read_no_further_than_the_cap():
     stager = polled(b" " * (64 << 20))
     assert stager.said == "larger than 4 MiB; taken as having nothing"
     assert stager.answer.read_bytes == STATUS_MAX_BYTES + 1
+    assert stager.answer.closed  # its connection is not used again with the rest unread
 
 
 def test_a_good_peer_status_is_kept_with_its_fields_typed():
