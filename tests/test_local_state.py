@@ -22,12 +22,13 @@ from pipelines.deploy.plan import read_documents
 from pipelines.deploy.records import Records
 from pipelines.errors import BadInput, DeployError
 from pipelines.fabric.records import fabric_refusal, fabric_verdict, results_folder
+from pipelines.fabric.tasks import FabricDocumentsError, fabric_documents
 from pipelines.profiles import PROFILES_DIR, ProfileError, load_profile
 from pipelines.schema import YAML_MAX_DEPTH, YAML_MAX_NODES
 from pipelines.steps import Engine, Step
 from pipelines.store import Store
 from pipelines.weights.lock import LockError, load_lock
-from pipelines.weights.patch import PatchError, read_config
+from pipelines.weights.patch import PatchError, read_config, read_overrides
 from pipelines.weights.ring import STATUS_MAX_BYTES, BadPeerStatus, RingStager, read_peer_status
 
 SHA = "ab" * 32
@@ -441,3 +442,31 @@ def test_a_bad_config_json_is_one_line_for_the_patch(tmp_path, data, said):
         read_config(path)
     assert str(raised.value) == f"{path}: {said}"
     assert isinstance(raised.value, BadInput)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        pytest.param('{"config.json": "', "cannot read as JSON: JSONDecodeError: ", id="truncated"),
+        pytest.param('{"config.json": 7}', "expected an object of file names", id="not-a-sha"),
+        pytest.param('["config.json"]', "expected an object of file names", id="a-list"),
+        pytest.param("[" * 30_000, "cannot read as JSON: RecursionError: ", id="nested"),
+        pytest.param(" " * (65 << 10), "larger than 65536 bytes; refused unread", id="too-large"),
+    ],
+)
+def test_a_bad_overrides_json_is_one_line(tmp_path, text, said):
+    path = tmp_path / "overrides.json"
+    path.write_text(text)
+    with pytest.raises(PatchError) as raised:
+        read_overrides(path)
+    assert str(raised.value).startswith(f"{path}: {said}")
+    assert "\n" not in str(raised.value) and raised.value.exit_code == 2
+
+
+def test_a_fabric_document_nested_too_deep_is_one_line(tmp_path):
+    (tmp_path / "fabric-0.yaml").write_text("- " * (YAML_MAX_DEPTH + 1) + "x\n")
+    with pytest.raises(
+        FabricDocumentsError,
+        match=rf"fabric-0.yaml: line 1: nested deeper than {YAML_MAX_DEPTH} levels",
+    ):
+        fabric_documents(tmp_path)
