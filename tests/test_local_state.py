@@ -8,6 +8,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 import textwrap
 import threading
 import tracemalloc
@@ -470,3 +471,30 @@ def test_a_fabric_document_nested_too_deep_is_one_line(tmp_path):
         match=rf"fabric-0.yaml: line 1: nested deeper than {YAML_MAX_DEPTH} levels",
     ):
         fabric_documents(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("size", "text", "said"),
+    [
+        pytest.param(17 << 20, None, "larger than 16 MiB; refused unread", id="too-large"),
+        pytest.param(0, "[" * 100_000, "not a plan written by `doit plan_weights`", id="nested"),
+        pytest.param(0, '{"members": [{"rank": "0"', "not a plan written by", id="truncated"),
+    ],
+)
+def test_a_bad_ring_plan_is_one_line_with_exit_code_2(tmp_path, size, text, said):
+    plan = tmp_path / "plan.json"
+    if text is None:
+        write_sparse(plan, size)
+    else:
+        plan.write_text(text)
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.weights.ring", "--plan", str(plan), "--rank", "0"]
+        + ["--root", str(tmp_path / "root")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    no_traceback(result)
+    assert result.stderr.startswith(f"error: {plan}: {said}")
+    assert result.stderr.count("\n") == 1
+    assert result.returncode == 2
