@@ -116,7 +116,11 @@ def read_capped(path: Path, cap: int, error: type[PipelineError]) -> bytes:
     a file of any size costs at most cap bytes of memory)."""
     try:
         with open(path, "rb") as f:
-            data = f.read(cap + 1)
+            # Sized by the file, not the cap: a read of cap+1 bytes allocates them all first.
+            size = os.fstat(f.fileno()).st_size
+            data = f.read(min(size, cap) + 1)
+            if size < len(data) <= cap:  # grown since, or a file that reports no size
+                data += f.read(cap + 1 - len(data))
     except FileNotFoundError:
         raise error(f"{path}: file not found") from None
     except IsADirectoryError:

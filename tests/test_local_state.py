@@ -24,6 +24,7 @@ from pipelines.deploy.records import Records
 from pipelines.errors import BadInput, DeployError
 from pipelines.fabric.records import fabric_refusal, fabric_verdict, results_folder
 from pipelines.fabric.tasks import FabricDocumentsError, fabric_documents
+from pipelines.files import read_capped
 from pipelines.profiles import PROFILES_DIR, ProfileError, load_profile
 from pipelines.schema import YAML_MAX_DEPTH, YAML_MAX_NODES
 from pipelines.steps import Engine, Step
@@ -498,3 +499,12 @@ def test_a_bad_ring_plan_is_one_line_with_exit_code_2(tmp_path, size, text, said
     assert result.stderr.startswith(f"error: {plan}: {said}")
     assert result.stderr.count("\n") == 1
     assert result.returncode == 2
+
+
+def test_a_file_that_reports_no_size_is_still_read_to_the_cap():
+    status = Path("/proc/self/status")  # st_size 0, as a pipe's or a growing file's may be
+    assert read_capped(status, 1 << 20, BadInput).startswith(b"Name:")
+    with pytest.raises(
+        BadInput, match=r"^/proc/self/status: larger than 10 bytes; refused unread$"
+    ):
+        read_capped(status, 10, BadInput)
