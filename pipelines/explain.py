@@ -65,11 +65,12 @@ def explain_step(engine: Engine, step: Step, indent: str = "") -> list[str]:
     if engine.is_done(step):
         where = engine.cache(step).name
         return [f"{indent}{step.name}: up to date ({key[:16]} is in the {where})"]
-    records = engine.store.records_for(step.name)
+    records, corrupt = engine.store.readable_records(step.name)
+    lines = [f"{indent}{step.name}: skipped a record: {why}" for why in corrupt]
     if not records:
-        return [f"{indent}{step.name}: would run: no output of this step is stored yet"]
+        return lines + [f"{indent}{step.name}: would run: no output of this step is stored yet"]
     newest = records[0]
-    lines = [
+    lines += [
         f"{indent}{step.name}: would run: key {key[:16]} is not stored;"
         f" against the newest stored output ({newest['key'][:16]}):"
     ]

@@ -1,4 +1,5 @@
-"""Durable file writes and content hashing: the one place that fsyncs, renames and hashes."""
+"""Durable file writes, bounded reads and content hashing: the one place that fsyncs, renames,
+hashes and reads local state (records, results) with a cap on its size."""
 
 from __future__ import annotations
 
@@ -6,8 +7,14 @@ import ctypes
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from pipelines.errors import PipelineError
 
 CHUNK = 4 << 20
+MiB = 1 << 20
 
 
 def hash_file(path: Path) -> str:
@@ -102,3 +109,55 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def read_capped(path: Path, cap: int, error: type[PipelineError]) -> bytes:
+    """A file's bytes, or error naming it when it holds more than cap (never reads past cap+1:
+    a file of any size costs at most cap bytes of memory)."""
+    try:
+        with open(path, "rb") as f:
+            # Sized by the file, not the cap: a read of cap+1 bytes allocates them all first.
+            size = os.fstat(f.fileno()).st_size
+            data = f.read(min(size, cap) + 1)
+            if size < len(data) <= cap:  # grown since, or a file that reports no size
+                data += f.read(cap + 1 - len(data))
+    except FileNotFoundError:
+        raise error(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise error(f"{path}: a folder, expected a file") from None
+    if len(data) > cap:
+        raise error(f"{path}: larger than {size_text(cap)}; refused unread") from None
+    return data
+
+
+def size_text(n: int) -> str:
+    """A cap as people write it: whole MiB, else bytes."""
+    return f"{n // MiB} MiB" if n % MiB == 0 else f"{n} bytes"
+
+
+def decode_json(data: bytes, where: str, error: type[PipelineError], model: Any = Any) -> Any:
+    """JSON bytes as model (plain data by default), or error with one line saying where."""
+    try:
+        return msgspec.json.decode(data, type=model)
+    except msgspec.ValidationError as err:
+        raise error(f"{where}: {describe_json_error(str(err))}") from None
+    except msgspec.DecodeError as err:
+        raise error(f"{where}: not valid JSON: {describe_json_error(str(err))}") from None
+    except RecursionError:  # msgspec's guard against deep nesting: the stack is never at risk
+        raise error(f"{where}: not valid JSON: nested too deep") from None
+
+
+def describe_json_error(message: str) -> str:
+    """msgspec's message, its 'truncated' made plain and its `$.a.b` path as field a.b."""
+    message = message.replace("Input data was truncated", "ends early (truncated)")
+    message = message.removeprefix("JSON is malformed: ")
+    what, _, at = message.partition(" - at `$")
+    if not at:
+        return what[:1].lower() + what[1:]
+    field = at.rstrip("`").lstrip(".").replace("[", ".").replace("]", "")
+    return f"field {field!r}: {what[:1].lower()}{what[1:]}"
+
+
+def load_json(path: Path, cap: int, error: type[PipelineError], model: Any = Any) -> Any:
+    """A JSON file of at most cap bytes, decoded as model, or error with one line naming it."""
+    return decode_json(read_capped(path, cap, error), str(path), error, model)

@@ -16,8 +16,20 @@ import msgspec
 import yaml
 
 from pipelines.errors import PipelineError
+from pipelines.files import MiB, read_capped
 
 M = TypeVar("M", bound="Strict")
+# Profiles, locks and image specs are a few KiB (the 54-file lock: 9.5 KiB); a lock of some
+# 6,000 files would still fit. Anything larger is refused before a byte of it is parsed.
+YAML_MAX_BYTES = 1 * MiB
+# Real documents nest 3 (a lock) to 5 (a profile) levels. PyYAML composes nodes by C recursion
+# (libyaml's own parser does not): some 25,000 levels overflow the stack (SIGSEGV), so depth is
+# bounded, on the parser's events, before anything is composed.
+YAML_MAX_DEPTH = 64
+# Nodes counted with every alias expanded: a capped file holds at most some 500,000 nodes, so
+# only aliases of aliases ("billion laughs") go past this, and what walks the data (validation,
+# the key hash) would walk them all.
+YAML_MAX_NODES = 1_000_000
 # libyaml's parser where PyYAML was built with it: a 54-file lock parses ~10x faster.
 try:
     from yaml import CSafeLoader as FastLoader
@@ -75,24 +87,87 @@ def validate(data: Any, model: type[M]) -> M:
 
 def load_yaml_model(path: Path, model: type[M], error: type[PipelineError] = PipelineError) -> M:
     """Parse the YAML file at path and validate it as model, or raise error with one line."""
-    try:
-        data = yaml.load(path.read_text(), Loader=UniqueKeyLoader)
-    except FileNotFoundError:
-        raise error(f"{path}: file not found") from None
-    except UnicodeDecodeError as err:
-        raise error(
-            f"{path}: not UTF-8 text: byte {err.start} is {err.object[err.start]:#04x}"
-        ) from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}:" if mark else ""
-        raise error(f"{path}:{where} not valid YAML: {getattr(err, 'problem', err)}") from None
+    data = load_yaml_file(path, error)
     if not isinstance(data, dict):
         raise error(f"{path}: expected a mapping of {model.__name__} fields")
     try:
         return validate(data, model)
     except msgspec.ValidationError as err:
         raise error(f"{path}: {describe_error(str(err), model, data)}") from None
+
+
+def load_yaml_file(path: Path, error: type[PipelineError], cap: int = YAML_MAX_BYTES) -> Any:
+    """The one YAML document of a file of at most cap bytes, nested no deeper than
+    YAML_MAX_DEPTH, or error with one line naming the file (and line)."""
+    [data] = load_yaml_documents(path, error, cap, single=True)
+    return data
+
+
+def load_yaml_documents(
+    path: Path, error: type[PipelineError], cap: int, single: bool = False
+) -> list[Any]:
+    """Every document of a YAML file, bounded as load_yaml_file's (single: exactly one)."""
+    text = read_text_capped(path, cap, error)
+    try:
+        check_yaml_shape(text)
+        if single:
+            return [yaml.load(text, Loader=UniqueKeyLoader)]
+        return list(yaml.load_all(text, Loader=UniqueKeyLoader))
+    except YAMLShapeError as err:
+        raise error(f"{path}: line {err.line}: {err.problem}; refused before parsing") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}:" if mark else ""
+        raise error(f"{path}:{where} not valid YAML: {getattr(err, 'problem', err)}") from None
+
+
+def read_text_capped(path: Path, cap: int, error: type[PipelineError]) -> str:
+    """A file of at most cap bytes as UTF-8 text, or error naming it."""
+    data = read_capped(path, cap, error)
+    try:
+        return data.decode()
+    except UnicodeDecodeError as err:
+        raise error(f"{path}: not UTF-8 text: byte {err.start} is {data[err.start]:#04x}") from None
+
+
+class YAMLShapeError(yaml.YAMLError):
+    """A document too deep or too large once its aliases are expanded (said with its line)."""
+
+    def __init__(self, problem: str, event: yaml.Event):
+        super().__init__(problem)
+        self.problem = problem
+        self.line = event.start_mark.line + 1 if event.start_mark else 1
+
+
+def check_yaml_shape(text: str) -> None:
+    """Refuse text nested deeper than YAML_MAX_DEPTH or expanding to over YAML_MAX_NODES nodes.
+
+    One pass over libyaml's events, which its parser makes with a stack of its own (no
+    recursion): linear, and about a third of the load's own time.
+    """
+    open_at: list[tuple[str | None, int]] = []  # each open collection: its anchor, nodes before
+    sizes: dict[str, int] = {}  # anchor -> nodes of its value, aliases expanded
+    nodes = 0
+    for event in yaml.parse(text, Loader=FastLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            open_at.append((event.anchor, nodes))
+            nodes += 1
+            if len(open_at) > YAML_MAX_DEPTH:
+                raise YAMLShapeError(f"nested deeper than {YAML_MAX_DEPTH} levels", event)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            anchor, before = open_at.pop()
+            if anchor is not None:
+                sizes[anchor] = nodes - before
+        elif isinstance(event, yaml.ScalarEvent):
+            nodes += 1
+            if event.anchor is not None:
+                sizes[event.anchor] = 1
+        elif isinstance(event, yaml.AliasEvent):
+            if any(anchor == event.anchor for anchor, _ in open_at):
+                raise YAMLShapeError(f"alias *{event.anchor} inside its own value", event)
+            nodes += sizes.get(event.anchor or "", 1)
+        if nodes > YAML_MAX_NODES:
+            raise YAMLShapeError(f"more than {YAML_MAX_NODES} nodes with aliases expanded", event)
 
 
 def describe_error(message: str, model: type[Strict], data: Any = None) -> str:

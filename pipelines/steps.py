@@ -7,7 +7,6 @@ backend (the registry) when its output does not live in the store.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from pipelines.errors import PipelineError
 from pipelines.keys import key_material, step_key
 from pipelines.paths import REPO_ROOT
 from pipelines.statcache import StatCache
-from pipelines.store import Store
+from pipelines.store import Store, read_record
 
 
 class Cache(Protocol):
@@ -226,7 +225,8 @@ class Engine:
         started = time.monotonic()
         folder = self.store.step_dir(key)
         try:
-            self.remote.publish(key, folder, json.loads((folder / "step.json").read_text()))
+            record = read_record(folder / "step.json")
+            self.remote.publish(key, folder, record)
         except PipelineError as err:
             print(f"{step.name}: not uploaded to {self.remote.name}: {err}")
             return

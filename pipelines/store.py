@@ -13,11 +13,34 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from pipelines.files import fsync_dir, fsync_tree, write_atomic
+import msgspec
+
+from pipelines.errors import BadInput
+from pipelines.files import MiB, describe_json_error, fsync_dir, fsync_tree, load_json, write_atomic
 from pipelines.statcache import StatCache
 
 # Folders the store keeps for itself; stages get their own through `area`.
 OWN = ("steps", "tmp", "locks", "records")
+# A step's record is its key material and input listings: a few KiB, some 1 MiB for a build
+# context of thousands of files; a file past this is not one the store wrote.
+RECORD_MAX_BYTES = 16 * MiB
+
+
+class CorruptRecord(BadInput):
+    """A step record that cannot be read: truncated, not JSON, or without a field explain uses."""
+
+
+class RecordFields(msgspec.Struct):
+    """The fields of a step record that explain reads (the rest is kept as it is)."""
+
+    key: str
+    finished: float
+    recipe: str = ""
+    version: int = 0
+    params: dict[str, Any] = {}
+    inputs: dict[str, str] = {}
+    deps: dict[str, str] = {}
+    files: dict[str, dict[str, str]] = {}
 
 
 class Store:
@@ -85,8 +108,19 @@ class Store:
         folder = self.root / "records" / quote(name, safe="")
         if not folder.is_dir():
             return []
-        records = [json.loads(p.read_text()) for p in folder.glob("*.json")]
+        records = [read_record(p) for p in folder.glob("*.json")]
         return sorted(records, key=lambda r: r["finished"], reverse=True)
+
+    def readable_records(self, name: str) -> tuple[list[dict[str, Any]], list[str]]:
+        """(records_for's records that can be read, one line for each that cannot)."""
+        folder = self.root / "records" / quote(name, safe="")
+        records, corrupt = [], []
+        for path in folder.glob("*.json") if folder.is_dir() else ():
+            try:
+                records.append(read_record(path))
+            except CorruptRecord as err:
+                corrupt.append(str(err))
+        return sorted(records, key=lambda r: r["finished"], reverse=True), sorted(corrupt)
 
     @contextlib.contextmanager
     def lock(self, key: str) -> Iterator[None]:
@@ -148,3 +182,15 @@ class Store:
                 cache.publish(key, work, full)
             self.remember(full)
         return self.output_dir(key), True
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """One step record, or CorruptRecord with one line naming the file (and field)."""
+    record = load_json(path, RECORD_MAX_BYTES, CorruptRecord)
+    if not isinstance(record, dict):
+        raise CorruptRecord(f"{path}: expected a JSON object")
+    try:
+        msgspec.convert(record, RecordFields)
+    except msgspec.ValidationError as err:
+        raise CorruptRecord(f"{path}: {describe_json_error(str(err))}") from None
+    return record

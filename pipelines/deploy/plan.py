@@ -7,10 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pipelines.errors import DeployError
+from pipelines.files import MiB
+from pipelines.schema import load_yaml_documents
 from pipelines.targets.dockerengines import MemberHost
+
+# A render writes a few KiB per document (the largest, a ConfigMap holding the patch program,
+# some 20 KiB); a file past this is not one it wrote.
+DOCUMENTS_MAX_BYTES = 16 * MiB
 
 
 @dataclass(frozen=True)
@@ -59,8 +63,8 @@ def read_documents(folder: Path, pattern: str = "*.yaml") -> list[tuple[str, dic
     """(file name, body) of every YAML document a render step wrote, by file name."""
     found = []
     for path in sorted(folder.glob(pattern)):
-        with open(path) as f:
-            found += [(path.name, body) for body in yaml.safe_load_all(f) if body]
+        bodies = load_yaml_documents(path, DeployError, DOCUMENTS_MAX_BYTES)
+        found += [(path.name, body) for body in bodies if body]
     if not found:
         raise DeployError(f"{folder}: no {pattern} documents (render wrote none)")
     return found

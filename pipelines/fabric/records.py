@@ -13,11 +13,28 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pipelines.files import write_atomic
+import msgspec
+
+from pipelines.errors import BadInput
+from pipelines.files import MiB, describe_json_error, load_json, write_atomic
 from pipelines.store import Store
 
 PASSED = "passed"
 FAILED = "failed"
+# A result is its measurements and members: a few KiB; a file past this is not one it wrote.
+RESULT_MAX_BYTES = 4 * MiB
+
+
+class CorruptResult(BadInput):
+    """A fabric result that cannot be read: truncated, not JSON, or a field of the wrong type."""
+
+
+class ResultFields(msgspec.Struct):
+    """The fields of a result the bench's verdict reads (the rest is kept as it is)."""
+
+    outcome: str
+    failures: list[str] = []
+    render_key: str | None = None
 
 
 class Verdict(NamedTuple):
@@ -55,13 +72,31 @@ def newest(folder: Path) -> dict[str, Any] | None:
     )
     if not paths:
         return None
-    return {**json.loads(paths[-1].read_text()), "time_ns": int(paths[-1].stem)}
+    return {**read_result(paths[-1]), "time_ns": int(paths[-1].stem)}
+
+
+def read_result(path: Path) -> dict[str, Any]:
+    """One result, or CorruptResult with one line naming the file (and field)."""
+    result = load_json(path, RESULT_MAX_BYTES, CorruptResult)
+    if not isinstance(result, dict):
+        raise CorruptResult(f"{path}: expected a JSON object")
+    try:
+        msgspec.convert(result, ResultFields)
+    except msgspec.ValidationError as err:
+        raise CorruptResult(f"{path}: {describe_json_error(str(err))}") from None
+    return result
 
 
 def fabric_refusal(store: Store, profile: str, deployed: dict[str, Any] | None) -> str | None:
     """Why the bench must not start (one line), or None when the fabric check allows it;
     deployed is the live deployment's record (None: nothing deployed)."""
-    check = newest(results_folder(store, profile))
+    try:
+        check = newest(results_folder(store, profile))
+    except CorruptResult as err:
+        return (
+            f"fabric: profile {profile}: the newest check cannot be read: {err};"
+            f" run `doit fabric profile={profile}` again"
+        )
     if check is None:
         return f"fabric: profile {profile}: no fabric check; run `doit fabric profile={profile}`"
     when = stamp(check["time_ns"])
@@ -85,7 +120,10 @@ def fabric_refusal(store: Store, profile: str, deployed: dict[str, Any] | None) 
 
 def fabric_verdict(store: Store, profile: str, deployed: dict[str, Any] | None) -> Verdict:
     """(passed, when): the bench starts only when passed; when is the newest check's time."""
-    check = newest(results_folder(store, profile))
+    try:
+        check = newest(results_folder(store, profile))
+    except CorruptResult:  # the refusal below names it
+        check = None
     when = datetime.fromtimestamp(check["time_ns"] / 1e9, UTC) if check else None
     return Verdict(fabric_refusal(store, profile, deployed) is None, when)
 

@@ -8,10 +8,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
+from pipelines.errors import PipelineError
 from pipelines.fabric.records import FAILED, PASSED, fabric_refusal, write_result
+from pipelines.files import MiB
 from pipelines.profiles import Profile
+from pipelines.schema import load_yaml_documents
 from pipelines.site import Site
 from pipelines.stage import Context
 from pipelines.steps import Step, side_task
@@ -41,11 +42,20 @@ class FabricSettings:
     launcher: Callable[[Profile, FabricSettings], Any] | None = None
 
 
+# The fabric documents a render writes are a few KiB each; a file past this is not one of them.
+DOCUMENTS_MAX_BYTES = 16 * MiB
+
+
+class FabricDocumentsError(PipelineError):
+    """A fabric document that cannot be read (render output changed or broken in the store)."""
+
+
 def fabric_documents(folder: Path) -> list[dict[str, Any]]:
     """The fabric documents render wrote (`fabric-*.yaml`), ConfigMap first, then by rank."""
     docs = []
     for path in sorted(folder.glob("fabric-*.yaml")):
-        docs += [body for body in yaml.safe_load_all(path.read_text()) if body]
+        bodies = load_yaml_documents(path, FabricDocumentsError, DOCUMENTS_MAX_BYTES)
+        docs += [body for body in bodies if body]
     return sorted(docs, key=lambda d: (d.get("kind") != "ConfigMap", d.get("rank", 0)))
 
 

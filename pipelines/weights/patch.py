@@ -32,6 +32,10 @@ except ImportError:  # running alone inside a Job: the same line and exit code, 
 ORIGINAL = {"num_attention_heads": 64, "o_groups": 8}
 PADDED = {"num_attention_heads": 72, "o_groups": 9}
 ORIG_SUFFIX = ".orig-hf"
+# A model's config.json is a few KiB; one past this is not a config, and is never read whole.
+CONFIG_MAX_BYTES = 1 << 20
+# The patch step's overrides.json names two files: some 200 bytes.
+OVERRIDES_MAX_BYTES = 64 << 10
 
 
 class PatchError(BadInput):
@@ -84,12 +88,38 @@ def config_bytes(config: dict[str, Any]) -> bytes:
 def read_config(path: Path) -> dict[str, Any]:
     """A config.json as a dict, or a PatchError naming the file."""
     try:
-        config = json.loads(path.read_bytes())
+        with open(path, "rb") as f:
+            data = f.read(CONFIG_MAX_BYTES + 1)
+        if len(data) > CONFIG_MAX_BYTES:
+            raise PatchError(f"{path}: larger than {CONFIG_MAX_BYTES >> 20} MiB; refused unread")
+        config = json.loads(data)
     except (OSError, ValueError) as err:
         raise PatchError(f"{path}: cannot read as JSON: {err}") from None
+    except RecursionError:  # json's guard against deep nesting
+        raise PatchError(f"{path}: cannot read as JSON: nested too deep") from None
     if not isinstance(config, dict):
         raise PatchError(f"{path}: expected a JSON object")
+    if not isinstance(config.get("text_config") or {}, dict):
+        raise PatchError(f"{path}: text_config: expected a JSON object")
     return config
+
+
+def read_overrides(path: Path) -> dict[str, str]:
+    """The patch step's overrides.json (file name -> blob sha256), or a PatchError naming it:
+    restorable from the remote cache, so read as any file from outside."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(OVERRIDES_MAX_BYTES + 1)
+        if len(data) > OVERRIDES_MAX_BYTES:
+            raise PatchError(f"{path}: larger than {OVERRIDES_MAX_BYTES} bytes; refused unread")
+        overrides = json.loads(data)
+    except (OSError, ValueError, RecursionError) as err:
+        raise PatchError(f"{path}: cannot read as JSON: {type(err).__name__}: {err}") from None
+    if not isinstance(overrides, dict) or not all(
+        isinstance(name, str) and isinstance(sha, str) for name, sha in overrides.items()
+    ):
+        raise PatchError(f"{path}: expected an object of file names to sha256 strings")
+    return overrides
 
 
 def replace_file(path: Path, data: bytes) -> None:

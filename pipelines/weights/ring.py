@@ -16,7 +16,6 @@ Run it as `python -m pipelines.weights.ring --plan PLAN.json --rank N --root WEI
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -25,17 +24,19 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
+import msgspec
 import urllib3
 
 from pipelines.errors import BadInput, PipelineError, run_main
+from pipelines.files import MiB, decode_json, read_capped
 from pipelines.progress import NoProgress, human_bytes, say, transfer_line
 from pipelines.statcache import StatCache
 from pipelines.weights.blobs import BlobStore
 from pipelines.weights.blobserver import BlobServer
 from pipelines.weights.fetch import Fetcher, LocalWriteError
-from pipelines.weights.lock import LockEntry
+from pipelines.weights.lock import LockEntry, Sha256
 from pipelines.weights.options import FetchOptions
 from pipelines.weights.publish import PublishError
 from pipelines.weights.ranges import SourceDown, Stopped
@@ -54,6 +55,41 @@ from pipelines.weights.sources import (
 
 # A status.json is a few KB from a neighbour: a peer that takes longer is hung, not busy.
 STATUS_TIMEOUT_S = 3.0
+# ... naming each blob the peer has in 67 bytes: some 140 KiB for 2,000 files. An answer
+# larger than this is not a status, and is never read past it.
+STATUS_MAX_BYTES = 4 * MiB
+# A plan lists each file with its routes: some 100 KiB for 2,000 files on four members.
+PLAN_MAX_BYTES = 16 * MiB
+Count = Annotated[int, msgspec.Meta(ge=0, le=1 << 62)]
+
+
+class BadPeerStatus(PipelineError):
+    """A peer's status.json that is not one a member writes: the peer is taken to have nothing."""
+
+
+class PeerStatus(msgspec.Struct):
+    """The fields of a peer's status.json that this member reads, each of its type (write_status
+    writes them; others are ignored)."""
+
+    published: list[Sha256] = []
+    done: Count = 0
+    from_s3: Count = 0
+    from_peers: Count = 0
+    complete: bool = False
+    knows_complete: list[int] = []
+
+
+def read_peer_status(data: bytes) -> dict[str, Any]:
+    """A peer's status.json as plain data with every field type-checked, or BadPeerStatus."""
+    if len(data) > STATUS_MAX_BYTES:
+        raise BadPeerStatus(f"larger than {STATUS_MAX_BYTES // MiB} MiB; taken as having nothing")
+    try:
+        status = decode_json(data, "status.json", BadPeerStatus, PeerStatus)
+    except BadPeerStatus as err:
+        raise BadPeerStatus(f"{err}; taken as having nothing") from None
+    return msgspec.to_builtins(status)  # type: ignore[no-any-return]
+
+
 # A file's fetch as a pool runs it: its publication (a Future itself), or None when stored.
 FileFetch = Future[Future[None] | None]
 
@@ -386,8 +422,18 @@ class RingStager:
         peer = self.peers[p]
         try:
             response = peer.pool.request(
-                "GET", f"{peer.base}/status.json", retries=False, timeout=STATUS_TIMEOUT_S
+                "GET",
+                f"{peer.base}/status.json",
+                retries=False,
+                timeout=STATUS_TIMEOUT_S,
+                preload_content=False,
             )
+            try:
+                data = response.read(STATUS_MAX_BYTES + 1)
+                if len(data) > STATUS_MAX_BYTES:
+                    response.close()  # the rest unread: the connection cannot be used again
+            finally:
+                response.release_conn()
         except urllib3.exceptions.HTTPError:
             # Down or hung (killed, restarting, or done and gone): not asked for files until it
             # answers again.
@@ -396,18 +442,21 @@ class RingStager:
                 if p in self.statuses:
                     self.statuses = {**self.statuses, p: {**self.statuses[p], "published": []}}
             return
-        status = None
+        status, bad = None, None
         if response.status == 200:
-            # A status being replaced as we read it: the next poll sees it.
-            with contextlib.suppress(ValueError):
-                status = json.loads(response.data)
+            try:
+                status = read_peer_status(data)
+            except BadPeerStatus as err:
+                status, bad = {}, err  # a peer that says nothing usable has nothing
         with self._seen:
             self.answering = self.answering | {p}
-            if isinstance(status, dict):
+            if status is not None:
                 before = self.statuses.get(p, {}).get("from_s3")
-                if status.get("from_s3") != before:
+                if bad is None and status.get("from_s3") != before:
                     self.fetching = {**self.fetching, p: time.monotonic()}
                 self.statuses = {**self.statuses, p: status}
+        if bad is not None:
+            raise bad  # said once by poll_peer, as any error of a poll
 
     def write_status(self) -> None:
         """What this member has and how far it is, for its peers (served as /status.json)."""
@@ -495,8 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        plan = load_plan(args.plan.read_text())
-    except (KeyError, TypeError, ValueError) as err:
+        plan = load_plan(read_capped(args.plan, PLAN_MAX_BYTES, BadInput).decode())
+    except (KeyError, TypeError, ValueError, RecursionError) as err:
         raise BadInput(
             f"{args.plan}: not a plan written by `doit plan_weights` ({type(err).__name__}: {err})"
         ) from None

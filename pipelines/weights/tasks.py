@@ -29,7 +29,13 @@ from pipelines.weights.lock import (
     write_lock,
 )
 from pipelines.weights.options import WeightsSettings
-from pipelines.weights.patch import ORIG_SUFFIX, config_bytes, patch_tp3, read_config
+from pipelines.weights.patch import (
+    ORIG_SUFFIX,
+    config_bytes,
+    patch_tp3,
+    read_config,
+    read_overrides,
+)
 from pipelines.weights.stage import is_staged, stage, stage_plan, staged_from
 
 if TYPE_CHECKING:
@@ -231,10 +237,7 @@ class Weights:
         """Files the patch step swapped in, or none."""
         if self.patch is None:
             return {}
-        overrides: dict[str, str] = json.loads(
-            (self.engine.output(self.patch) / "overrides.json").read_text()
-        )
-        return overrides
+        return read_overrides(self.engine.output(self.patch) / "overrides.json")
 
     def restore_patched_blob(self) -> None:
         """Put the patched config back in the blob store from the step's output if it went."""
