@@ -517,10 +517,10 @@ class RingStager:
 
 def stage_model(folder: Path, plan: RingPlan, blobs: BlobStore) -> None:
     """Link the model folder to the verified blobs and say which lock it now holds."""
-    from pipelines.weights.stage import record_staged, stage
+    from pipelines.weights.stage import stage
 
-    stage(folder, {f.name: f.sha256 for f in plan.files}, blobs)
-    record_staged(folder, plan.lock_sha256)
+    # The record too under the folder's staging lock: no other stager sees one without the other.
+    stage(folder, {f.name: f.sha256 for f in plan.files}, blobs, plan.lock_sha256)
 
 
 def main(argv: list[str] | None = None) -> int:
