@@ -19,6 +19,7 @@ from support import stages
 
 from pipelines.images import Images
 from pipelines.images.base import build_base
+from pipelines.images.debian_archive import lock_suite
 from pipelines.images.debian_lock import (
     BaseLockError,
     load_debian_lock,
@@ -227,3 +228,19 @@ def test_what_moved_is_one_line_per_package():
         f"- {second.name} {second.version}",
         f"+ zz-new {second.version}",
     ]
+
+
+@pytest.mark.stack  # a Debian mirror served here
+def test_a_release_whose_signature_does_not_verify_is_refused_when_locking(mirror, tmp_path):
+    # A loopback mirror may be unsigned; one that serves a signature must verify against
+    # Debian's archive keyring.
+    url, root = mirror
+    (root / "dists" / "bookworm" / "Release.gpg").write_bytes(b"not a signature\n")
+    spec = load_image("local-sim").spec.base.local
+    assert spec is not None
+    with pytest.raises(BaseLockError) as refused:
+        lock_suite(msgspec.structs.replace(spec, mirror=url), [debian_arch()])
+    assert str(refused.value).startswith(
+        f"Debian mirror: {url} bookworm: Release's signature does not verify against"
+        " /usr/share/keyrings/debian-archive-keyring.gpg: "
+    )
