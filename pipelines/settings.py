@@ -48,6 +48,8 @@ class Settings:
     cache_signing_key: str | None = field(repr=False, default=None)
     cache_trusted_keys: tuple[str, ...] = ()  # SPARKFORGE_CACHE_TRUSTED_KEYS, comma-separated
     cache_readonly: bool = False  # SPARKFORGE_CACHE_READONLY=1: read and verify, never write
+    # SPARKFORGE_BUILDX_CACHE: a registry ref buildx reads its layer cache from and writes it to
+    buildx_cache: str | None = None
 
 
 def positive(environ: Mapping[str, str], name: str) -> float | None:
@@ -116,7 +118,20 @@ def read_settings(environ: Mapping[str, str]) -> Settings:
             if k.strip()
         ),
         cache_readonly=flag(environ, "SPARKFORGE_CACHE_READONLY"),
+        buildx_cache=buildx_cache(environ),
     )
+
+
+def buildx_cache(environ: Mapping[str, str]) -> str | None:
+    """SPARKFORGE_BUILDX_CACHE, checked as registry/repository:tag (it goes into buildx's
+    comma-separated --cache-to, where a comma or '=' would add options); None when unset."""
+    value = environ.get("SPARKFORGE_BUILDX_CACHE")
+    ref = r"[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)+:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+    if value and not re.fullmatch(ref, value):
+        raise BadInput(
+            f"environment SPARKFORGE_BUILDX_CACHE={value!r}: expected registry/repository:tag"
+        )
+    return value or None
 
 
 def remote_cache_url(environ: Mapping[str, str]) -> str | None:

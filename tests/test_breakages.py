@@ -280,6 +280,7 @@ def test_buildx_is_given_the_normalized_context(tmp_path, monkeypatch):
     assert modes == {
         "Dockerfile": 0o644,
         "image.yaml": 0o644,
+        "debian.lock.yaml": 0o644,
         **dict.fromkeys(package, 0o644),
         "entry.sh": 0o755,
         "sparkforge-receipt.py": 0o644,

@@ -17,6 +17,7 @@ from support import stages
 from support.stack import delete_repository
 
 import devstack as local_stack
+from pipelines.errors import BadInput
 from pipelines.images import Images
 from pipelines.images.build import (
     build_image,
@@ -360,3 +361,25 @@ def test_a_builds_output_appears_while_it_runs(
     assert clock.lines[at + 1][0] - clock.lines[at][0] > 5
     normalized = [line for _, line in clock.lines if " normalized: " in line]
     assert normalized and normalized[-1].startswith(f"image: layer {len(normalized)}/")
+
+
+def test_buildx_reads_and_writes_its_layer_cache_where_ci_says(tmp_path):
+    # CI's ring builds start with an empty machine: buildx's own cache lives in the registry.
+    cache = "ghcr.io/lab/sparkforge/buildcache:tp3-ring"
+    settings = read_settings({"SPARKFORGE_BUILDX_CACHE": cache})
+    assert settings.buildx_cache == cache
+    images = gb10_images("vllm-gb10-dsv41-exl3", "ghcr.io", tmp_path / "c")
+    images.buildx_cache = settings.buildx_cache
+    plan = images.plan()
+    command = buildx_command(plan, Path("/ctx"), "/out/saved.tar")
+    assert command[command.index("--cache-from") + 1] == f"type=registry,ref={cache}"
+    assert command[command.index("--cache-to") + 1] == (
+        f"type=registry,ref={cache},mode=max,image-manifest=true"
+    )
+    assert plan.key == images.engine.key(images.image_step)  # speed, not bytes: not in the key
+    for bad in ("ghcr.io/lab:x,type=local,dest=/tmp", "lab", "ghcr.io/lab:tag=1"):
+        with pytest.raises(BadInput) as refused:
+            read_settings({"SPARKFORGE_BUILDX_CACHE": bad})
+        assert str(refused.value) == (
+            f"environment SPARKFORGE_BUILDX_CACHE={bad!r}: expected registry/repository:tag"
+        )

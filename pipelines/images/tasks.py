@@ -68,6 +68,7 @@ class Images:
         self.engine = context.engine
         self.site = context.site
         self.builder = context.settings.builder  # SPARKFORGE_BUILDER: engine or buildx, or None
+        self.buildx_cache = context.settings.buildx_cache  # SPARKFORGE_BUILDX_CACHE, or None
         self.image_name = image or context.profile.image
         self.prefix = prefix
         self.name = f"{prefix}images"  # the stage's name in the task table
@@ -224,6 +225,7 @@ class Images:
             self.engine.key(step),
             self.engine.material(step),
             self.namespace,
+            self.buildx_cache,
         )
 
     def _build(self, run: StepRun) -> None:
