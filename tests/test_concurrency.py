@@ -87,7 +87,7 @@ def two_plans(blobs: BlobStore, files: int) -> list[dict[str, str]]:
 
 def test_two_stagers_of_one_folder_take_turns_and_both_finish(tmp_path, blobs):
     plans = two_plans(blobs, 40)
-    stagers = [python(STAGER, str(tmp_path), json.dumps(plans), "60") for _ in range(2)]
+    stagers = [python(STAGER, str(tmp_path), json.dumps(plans), "30") for _ in range(2)]
     outputs = [p.communicate(timeout=120)[0] for p in stagers]
     assert [p.returncode for p in stagers] == [0, 0], outputs
     folder = blobs.models / "m"

@@ -51,7 +51,7 @@ PLAN = '{"files": []}\n'  # the ring plan is the pipeline's own JSON, not a prof
 # CI's runs must be the same run: a fixed sequence of examples and no example database
 # (which would be written into the work tree).
 PROPERTY = settings(
-    max_examples=40,
+    max_examples=20,
     deadline=None,
     derandomize=True,
     database=None,
