@@ -161,3 +161,18 @@ def describe_json_error(message: str) -> str:
 def load_json(path: Path, cap: int, error: type[PipelineError], model: Any = Any) -> Any:
     """A JSON file of at most cap bytes, decoded as model, or error with one line naming it."""
     return decode_json(read_capped(path, cap, error), str(path), error, model)
+
+
+def load_json_object(
+    path: Path, cap: int, error: type[PipelineError], fields: type[msgspec.Struct]
+) -> dict[str, Any]:
+    """A JSON object of at most cap bytes whose fields a reader uses are checked against fields
+    (a Struct of those only), returned whole; else error with one line naming the file."""
+    data = load_json(path, cap, error)
+    if not isinstance(data, dict):
+        raise error(f"{path}: expected a JSON object")
+    try:
+        msgspec.convert(data, fields)
+    except msgspec.ValidationError as err:
+        raise error(f"{path}: {describe_json_error(str(err))}") from None
+    return data

@@ -16,7 +16,7 @@ from urllib.parse import quote
 import msgspec
 
 from pipelines.errors import BadInput
-from pipelines.files import MiB, describe_json_error, fsync_dir, fsync_tree, load_json, write_atomic
+from pipelines.files import MiB, fsync_dir, fsync_tree, load_json_object, write_atomic
 from pipelines.statcache import StatCache
 
 # Folders the store keeps for itself; stages get their own through `area`.
@@ -186,11 +186,4 @@ class Store:
 
 def read_record(path: Path) -> dict[str, Any]:
     """One step record, or CorruptRecord with one line naming the file (and field)."""
-    record = load_json(path, RECORD_MAX_BYTES, CorruptRecord)
-    if not isinstance(record, dict):
-        raise CorruptRecord(f"{path}: expected a JSON object")
-    try:
-        msgspec.convert(record, RecordFields)
-    except msgspec.ValidationError as err:
-        raise CorruptRecord(f"{path}: {describe_json_error(str(err))}") from None
-    return record
+    return load_json_object(path, RECORD_MAX_BYTES, CorruptRecord, RecordFields)

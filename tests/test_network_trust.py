@@ -32,12 +32,12 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-import requests
 import urllib3
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from support.registry_server import start_registry
 
 from pipelines.errors import BadInput, DeployUnreachable
 from pipelines.images.registry import Registry
@@ -138,40 +138,6 @@ def recorder():
     server = Recorder()
     yield server
     server.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_registry(folder: Path, config: dict) -> tuple[subprocess.Popen, str]:
-    """docker-registry with config on a free loopback port, once it answers 401; else another
-    port (it cannot bind port 0: a port taken meanwhile shows as the process exiting)."""
-    for attempt in range(5):
-        host = f"127.0.0.1:{free_port()}"
-        path = folder / f"registry-{attempt}.yml"
-        storage = {"filesystem": {"rootdirectory": str(folder / "data")}}
-        full = {"version": 0.1, "storage": storage, **config}
-        full["http"] = {**config.get("http", {}), "addr": host}
-        path.write_text(json.dumps(full))
-        proc = subprocess.Popen(
-            ["docker-registry", "serve", str(path)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 20
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                if requests.get(f"http://{host}/v2/", timeout=1).status_code == 401:
-                    return proc, host
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.1)
-        proc.kill()
-        proc.wait()
-    raise AssertionError("the test registry did not start on any of 5 ports")
 
 
 def self_signed(folder: Path) -> Path:

@@ -6,60 +6,18 @@ import base64
 import io
 import json
 import os
-import socket
-import subprocess
 import tarfile
-import time
 import uuid
 
 import bcrypt
 import pytest
-import requests
+from support.registry_server import start_registry
 
 from pipelines.images.oci import assemble, write_layer
 from pipelines.images.registry import Registry
 from pipelines.images.spec import ImageError
 
 USER = "sparkforge-ci"
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (another process may take it: see below)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_registry(tmp_path, attempt: int) -> tuple[subprocess.Popen, str]:
-    """docker-registry with htpasswd on a free port; (process, host) once it answers 401.
-
-    docker-registry cannot be told to bind port 0, so a port taken between the pick and the
-    bind shows as the process exiting: the caller then tries again on another port.
-    """
-    host = f"127.0.0.1:{free_port()}"
-    config = {
-        "version": 0.1,
-        "http": {"addr": host},
-        "storage": {"filesystem": {"rootdirectory": str(tmp_path / "data")}},
-        "auth": {"htpasswd": {"realm": "sparkforge-test", "path": str(tmp_path / "htpasswd")}},
-    }
-    (tmp_path / f"config-{attempt}.yml").write_text(json.dumps(config))
-    proc = subprocess.Popen(
-        ["docker-registry", "serve", str(tmp_path / f"config-{attempt}.yml")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 20
-    while proc.poll() is None and time.monotonic() < deadline:
-        try:
-            if requests.get(f"http://{host}/v2/", timeout=1).status_code == 401:
-                return proc, host
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    proc.wait()
-    return None, host
 
 
 @pytest.fixture
@@ -69,12 +27,8 @@ def locked_registry(tmp_path):
     (tmp_path / "htpasswd").write_bytes(
         f"{USER}:".encode() + bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=5)) + b"\n"
     )
-    for attempt in range(5):
-        proc, host = start_registry(tmp_path, attempt)
-        if proc is not None:
-            break
-    else:
-        raise AssertionError("the test registry did not start on any of 5 ports")
+    htpasswd = {"realm": "sparkforge-test", "path": str(tmp_path / "htpasswd")}
+    proc, host = start_registry(tmp_path, {"auth": {"htpasswd": htpasswd}})
     yield host, password
     proc.terminate()
     proc.wait(timeout=10)

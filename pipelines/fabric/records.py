@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from pipelines.errors import BadInput
-from pipelines.files import MiB, describe_json_error, load_json, write_atomic
+from pipelines.files import MiB, load_json_object, write_atomic
 from pipelines.store import Store
 
 PASSED = "passed"
@@ -77,14 +77,7 @@ def newest(folder: Path) -> dict[str, Any] | None:
 
 def read_result(path: Path) -> dict[str, Any]:
     """One result, or CorruptResult with one line naming the file (and field)."""
-    result = load_json(path, RESULT_MAX_BYTES, CorruptResult)
-    if not isinstance(result, dict):
-        raise CorruptResult(f"{path}: expected a JSON object")
-    try:
-        msgspec.convert(result, ResultFields)
-    except msgspec.ValidationError as err:
-        raise CorruptResult(f"{path}: {describe_json_error(str(err))}") from None
-    return result
+    return load_json_object(path, RESULT_MAX_BYTES, CorruptResult, ResultFields)
 
 
 def fabric_refusal(store: Store, profile: str, deployed: dict[str, Any] | None) -> str | None:

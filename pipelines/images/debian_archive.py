@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import urllib3
+
 from pipelines.addresses import is_loopback_url
 from pipelines.errors import Unreachable
 from pipelines.httpjson import HTTPError, http_pool
@@ -28,12 +30,17 @@ KEYRING = (
 )
 
 
-def get(url: str, cap: int) -> bytes:
-    """The body of a GET of at most cap bytes; one line for a missing file or a silent mirror."""
+def open_get(url: str) -> urllib3.BaseHTTPResponse:
+    """A GET on the mirror, its body still to read; one line for a mirror that does not answer."""
     try:
-        r = http_pool().request("GET", url, preload_content=False, timeout=60)
+        return http_pool().request("GET", url, preload_content=False, timeout=60)
     except HTTPError as err:
         raise Unreachable(f"Debian mirror: GET {url}: {err}") from None
+
+
+def get(url: str, cap: int) -> bytes:
+    """The body of a GET of at most cap bytes; one line for a missing file or a silent mirror."""
+    r = open_get(url)
     try:
         if r.status != 200:
             raise BaseLockError(f"Debian mirror: GET {url}: HTTP {r.status}")
@@ -171,11 +178,7 @@ def fetch_deb(mirror: str, deb: Deb, cache: Path) -> Path | str:
     path = cache / deb.sha256
     if path.exists():  # written only once verified, below
         return path
-    url = f"{mirror}/{deb.filename}"
-    try:
-        r = http_pool().request("GET", url, preload_content=False, timeout=60)
-    except HTTPError as err:
-        raise Unreachable(f"Debian mirror: GET {url}: {err}") from None
+    r = open_get(f"{mirror}/{deb.filename}")
     try:
         if r.status != 200:
             return f"the mirror answers HTTP {r.status} for {deb.filename}"
