@@ -180,6 +180,31 @@ def test_doit_status_names_a_truncated_record_in_one_line(tmp_path):
     assert result.returncode == 0
 
 
+def test_a_rollback_refuses_when_the_newest_record_cannot_be_read(tmp_path):
+    # The unreadable record may be the live deployment's: restoring "the one before" the last
+    # readable one could put back what is already serving, or skip one.
+    folder = tmp_path / "store" / "deployments" / "tp3-ring"
+    folder.mkdir(parents=True)
+    other = {**GOOD, "deployment": {**GOOD["deployment"], "key": "e" * 64}}
+    (folder / "1700000000000000000.json").write_text(json.dumps(other))
+    (folder / "1700000000000000001.json").write_text(json.dumps(GOOD))
+    newest = folder / "1700000000000000002.json"
+    newest.write_text(json.dumps(GOOD)[:60])
+    result = doit_here(tmp_path, "rollback", "profile=tp3-ring")
+    no_traceback(result)
+    assert result.returncode == 2
+    assert (
+        f"rollback refused: {newest}: not valid JSON: ends early (truncated); it is newer"
+        " than every record that can be read, so what is live is not known: repair or remove"
+        " it, then run it again"
+    ) in (result.stdout + result.stderr).splitlines()
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "1700000000000000000.json",
+        "1700000000000000001.json",
+        "1700000000000000002.json",
+    ]  # nothing written: no restore was tried
+
+
 CORRUPT_RECORDS = {
     "truncated": (json.dumps(GOOD)[:60], "not valid JSON: ends early (truncated)"),
     "not-json": ("{'outcome': 'deployed'}", "not valid JSON: object keys must be strings (byte 1)"),

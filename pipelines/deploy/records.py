@@ -100,6 +100,17 @@ class Records:
             self.corrupt[path] = why
             print(f"deploy records: skipped {why}", file=sys.stderr, flush=True)
 
+    def refuse_unread_after(self, time_ns: int, action: str) -> None:
+        """Refuse, in one line, to act on the history when a record newer than time_ns could
+        not be read: it may be the live deployment's, so what is live is not known."""
+        newer = [p for p in self.corrupt if p.stem.isdigit() and int(p.stem) > time_ns]
+        if newer:
+            raise CorruptRecord(
+                f"{action} refused: {self.corrupt[max(newer, key=record_order)]}; it is newer"
+                " than every record that can be read, so what is live is not known: repair or"
+                " remove it, then run it again"
+            )
+
     def live(self) -> list[dict[str, Any]]:
         """Records after which their deployment was running, oldest first."""
         return [r for r in self.history() if r["outcome"] in LIVE]

@@ -248,6 +248,7 @@ class Deploy:
         if self.settings.kube.dry_run:
             raise DeployError("rollback has no dry run; unset SPARKFORGE_KUBE_DRY_RUN")
         live = self.records.live()
+        self.records.refuse_unread_after(live[-1]["time_ns"] if live else 0, "rollback")
         if not live:
             raise DeployError(f"profile {self.profile.name}: nothing deployed, nothing to restore")
         current = live[-1]["deployment"]["key"]
