@@ -71,6 +71,12 @@ def index_mirror(root: Path, arch: str) -> None:
         ["apt-ftparchive", "packages", "pool/main"], cwd=root, capture_output=True, check=True
     ).stdout
     (binary / "Packages.xz").write_bytes(lzma.compress(packages))
+    write_release(root, arch)
+
+
+def write_release(root: Path, arch: str) -> None:
+    """The mirror's Release, listing the hash of its Packages index as it is now."""
+    dist = root / "dists" / "bookworm"
     (dist / "Release").unlink(missing_ok=True)
     options = [
         "-oAPT::FTPArchive::Release::Suite=bookworm",
@@ -243,4 +249,24 @@ def test_a_release_whose_signature_does_not_verify_is_refused_when_locking(mirro
     assert str(refused.value).startswith(
         f"Debian mirror: {url} bookworm: Release's signature does not verify against"
         " /usr/share/keyrings/debian-archive-keyring.gpg: "
+    )
+
+
+@pytest.mark.stack  # a Debian mirror served here
+def test_a_packages_entry_naming_a_path_out_of_the_pool_is_refused_when_locking(mirror):
+    # The index is the mirror's word: a locked entry is checked as a lock's entries are.
+    url, root = mirror
+    index = root / "dists" / "bookworm" / "main" / f"binary-{debian_arch()}" / "Packages.xz"
+    text = lzma.decompress(index.read_bytes()).decode()
+    hostile = text.replace(f"Filename: pool/main/{BUMPED}_", f"Filename: pool/../../{BUMPED}_", 1)
+    assert hostile != text
+    index.write_bytes(lzma.compress(hostile.encode()))
+    write_release(root, debian_arch())  # the Release lists the altered index: it is consistent
+    spec = load_image("local-sim").spec.base.local
+    assert spec is not None
+    with pytest.raises(BaseLockError) as refused:
+        lock_suite(msgspec.structs.replace(spec, mirror=url), [debian_arch()])
+    assert str(refused.value).startswith(
+        f"Debian mirror: {url} bookworm {debian_arch()}: package '{BUMPED}':"
+        " field 'filename': expected `str` matching regex"
     )

@@ -13,10 +13,12 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import msgspec
 import urllib3
 
 from pipelines.addresses import is_loopback_url
 from pipelines.errors import Unreachable
+from pipelines.files import describe_json_error
 from pipelines.httpjson import HTTPError, http_pool
 from pipelines.images.debian_lock import BaseLockError, Deb, DebianLock, Release
 from pipelines.images.spec import ImageError, LocalBase
@@ -72,13 +74,16 @@ def release_files(release: dict[str, str]) -> dict[str, tuple[str, int]]:
     listed = {}
     for line in release.get("SHA256", "").splitlines():
         parts = line.split()
-        if len(parts) == 3:
+        if len(parts) == 3 and parts[1].isdigit():
             listed[parts[2]] = (parts[0], int(parts[1]))
     return listed
 
 
-def packages_index(mirror: str, suite: str, arch: str, release: dict[str, str]) -> dict[str, Deb]:
-    """The suite's main packages for arch, checked against the Release's sha256: name -> Deb."""
+def packages_index(
+    mirror: str, suite: str, arch: str, release: dict[str, str]
+) -> dict[str, dict[str, str]]:
+    """The suite's main packages for arch, checked against the Release's sha256: name -> its
+    stanza's fields (as the mirror wrote them: checked only for the packages locked)."""
     listed = release_files(release)
     index = f"main/binary-{arch}/Packages.xz"
     if index not in listed:
@@ -87,18 +92,30 @@ def packages_index(mirror: str, suite: str, arch: str, release: dict[str, str]) 
     packed = get(f"{mirror}/dists/{suite}/{index}", PACKAGES_CAP)
     if len(packed) != size or hashlib.sha256(packed).hexdigest() != sha:
         raise BaseLockError(f"Debian mirror: {mirror} {suite}: {index} differs from its Release")
-    text = lzma.LZMADecompressor().decompress(packed, PACKAGES_CAP).decode()
-    debs = {}
+    try:
+        text = lzma.LZMADecompressor().decompress(packed, PACKAGES_CAP).decode()
+    except (lzma.LZMAError, UnicodeDecodeError) as err:
+        raise BaseLockError(f"Debian mirror: {mirror} {suite}: {index}: {err}") from None
+    debs: dict[str, dict[str, str]] = {}
     for fields in stanzas(text):
-        if "Package" in fields and fields["Package"] not in debs:
-            debs[fields["Package"]] = Deb(
-                name=fields["Package"],
-                version=fields["Version"],
-                filename=fields["Filename"],
-                size=int(fields["Size"]),
-                sha256=fields["SHA256"],
-            )
+        debs.setdefault(fields.get("Package", ""), fields)
     return debs
+
+
+def locked_deb(fields: dict[str, str], where: str) -> Deb:
+    """A Packages stanza as a lock entry, checked as a lock's are: one line naming the field."""
+    entry = {
+        "name": fields.get("Package"),
+        "version": fields.get("Version"),
+        "filename": fields.get("Filename"),
+        "size": int(fields["Size"]) if fields.get("Size", "").isdigit() else fields.get("Size"),
+        "sha256": fields.get("SHA256"),
+    }
+    try:
+        return msgspec.convert(entry, Deb)
+    except msgspec.ValidationError as err:
+        name = fields.get("Package")
+        raise BaseLockError(f"{where}: package {name!r}: {describe_json_error(str(err))}") from None
 
 
 def resolved_names(spec: LocalBase, arch: str) -> list[str]:
@@ -150,17 +167,18 @@ def lock_suite(spec: LocalBase, archs: list[str]) -> DebianLock:
     against one Release, so that the lock names one state of the archive)."""
     release_bytes = get(f"{spec.mirror}/dists/{spec.suite}/Release", RELEASE_CAP)
     check_signature(spec, release_bytes)
-    (release,) = list(stanzas(release_bytes.decode()))[:1]
+    where = f"Debian mirror: {spec.mirror} {spec.suite}"
+    release = next(stanzas(release_bytes.decode(errors="replace")), None)
+    if release is None:
+        raise BaseLockError(f"{where}: Release holds no fields")
     locked = {}
     for arch in sorted(set(archs)):
         index = packages_index(spec.mirror, spec.suite, arch, release)
         names = resolved_names(spec, arch)
         missing = [n for n in names if n not in index]
         if missing:
-            raise BaseLockError(
-                f"Debian mirror: {spec.mirror} {spec.suite}: no {missing[0]} for {arch} in main"
-            )
-        locked[arch] = [index[n] for n in names]
+            raise BaseLockError(f"{where}: no {missing[0]} for {arch} in main")
+        locked[arch] = [locked_deb(index[n], f"{where} {arch}") for n in names]
     return DebianLock(
         mirror=spec.mirror,
         suite=spec.suite,

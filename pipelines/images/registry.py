@@ -216,15 +216,7 @@ class Registry:
                     if resumes > UPLOAD_RESUMES:
                         raise
                     sent += len(chunk)
-                    held = self._upload_offset(location)
-                    location, offset = (
-                        (location, held)
-                        if held is not None
-                        else (
-                            self._start_upload(repo),
-                            0,
-                        )
-                    )
+                    location, offset = self._resume(repo, location)
                     continue
                 self._check(r, f"upload {digest} to {repo} at {offset}")
                 location = self._absolute(r.headers.get("Location", location))
@@ -253,14 +245,15 @@ class Registry:
         """An upload location as a URL (the registry may answer with a path alone)."""
         return self.base.removesuffix("/v2") + location if location.startswith("/") else location
 
-    def _upload_offset(self, location: str) -> int | None:
-        """Where an interrupted upload stands (the byte after the Range the registry holds), or
-        None where the registry no longer knows the session or says nothing usable."""
+    def _resume(self, repo: str, location: str) -> tuple[str, int]:
+        """Where an interrupted upload goes on: the session's fresh location and the byte after
+        the Range the registry holds; else a new session from byte 0 (the registry no longer
+        knows the old one, or says "0-0", which cannot tell no byte from one)."""
         r = self._call("GET", location)
         held = r.headers.get("Range", "")  # "0-N": bytes 0..N are in
-        if r.status != 204 or not re.fullmatch(r"0-[0-9]+", held):
-            return None
-        return int(held.split("-")[1]) + 1
+        if r.status == 204 and re.fullmatch(r"0-[0-9]+", held) and held != "0-0":
+            return self._absolute(r.headers.get("Location", location)), int(held[2:]) + 1
+        return self._start_upload(repo), 0
 
     def push_manifest(
         self, repo: str, ref: str, manifest: bytes, media_type: str = MANIFEST_TYPE
