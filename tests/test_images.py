@@ -383,3 +383,37 @@ def test_buildx_reads_and_writes_its_layer_cache_where_ci_says(tmp_path):
         assert str(refused.value) == (
             f"environment SPARKFORGE_BUILDX_CACHE={bad!r}: expected registry/repository:tag"
         )
+
+
+def test_a_runner_with_an_empty_store_restores_the_layers_another_normalized(
+    stack, s3, s3_in_environment, copies, local_base, sim_copy, private_stack, tmp_path, capsys
+):
+    # CI's runners start empty: the normalized layers travel in the remote cache, so a second
+    # runner re-compresses nothing and pushes the same image.
+    from pipelines.cache import remote_cache
+    from pipelines.cache.signing import keygen
+
+    public = keygen(tmp_path / "key")
+    url = f"s3://models/layer-cache-test-{uuid.uuid4().hex[:8]}"
+    writer = remote_cache(url, (tmp_path / "key").read_text(), (), False)
+    reader = remote_cache(url, None, (public,), False)
+    other = f"{copies.namespace}-b"
+    digests, hows = [], []
+    try:
+        for store, remote, namespace in (("a", writer, copies.namespace), ("b", reader, other)):
+            site = Site(lambda: (stack.registry, (private_stack.docker_host,)), namespace)
+            engine = Engine(Store(tmp_path / store), remote=remote)
+            images = ImagesOf(sim_copy, engine, site)
+            engine.run(images.image_step)  # each namespace lacks the key: a build
+            out = capsys.readouterr().out
+            hows.append(re.findall(r"^image: layer \d+/\d+ (\w+): ", out, re.MULTILINE))
+            digests.append(images.image_ref().rsplit("@", 1)[1])
+    finally:
+        delete_repository(stack.registry, f"{other}/sparkforge/local-sim")
+        bucket, prefix = url[5:].split("/", 1)
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for found in page.get("Contents", []):
+                s3.delete_object(Bucket=bucket, Key=found["Key"])
+    assert hows[0] and set(hows[0]) == {"normalized"}
+    assert hows[1] == ["restored"] * len(hows[0])
+    assert digests[0] == digests[1]

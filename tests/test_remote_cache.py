@@ -4,6 +4,7 @@ store folders that share one signed cache (each test under a prefix of its own).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -413,3 +414,158 @@ def test_a_restore_killed_or_refused_midway_leaves_no_output(tmp_path):
     assert store.restore(key, lambda out: (out / "a").write_text("x") and record)
     assert store.has(key) and list((store.root / "tmp").iterdir()) == []
     assert (store.output_dir(key) / "a").read_text() == "x"
+
+
+def test_a_file_over_one_part_goes_up_in_checksummed_parts_once(
+    keys, s3, s3_in_environment, tmp_path, monkeypatch
+):
+    # A GB10 layer can be over the 5 GiB one PUT takes: parts, each with its SHA-256, and the
+    # stored composite checksum is what lets the next writer skip it.
+    from pipelines.cache import remote
+
+    monkeypatch.setattr(remote, "PART", 5 << 20)  # S3's smallest part
+    prefix = f"parts-test-{uuid.uuid4().hex[:8]}"
+    writer = remote_cache(f"s3://{BUCKET}/{prefix}", keys["trusted"][0], (), False)
+    work = tmp_path / "work"
+    (work / "out").mkdir(parents=True)
+    data = os.urandom((12 << 20) + 7)
+    (work / "out" / "layer").write_bytes(data)
+    key, sha = "cd" * 32, hashlib.sha256(data).hexdigest()
+    record = {"name": "layer", "key": key, "started": 0.0, "finished": 0.0}
+    sent: list[int] = []
+    upload_part = writer.client.upload_part
+    writer.client.upload_part = lambda **kw: sent.append(kw["PartNumber"]) or upload_part(**kw)
+    try:
+        writer.publish(key, work, record)
+        assert sent == [1, 2, 3]
+        name = f"{prefix}/objects/sha256/{sha}"
+        head = s3.head_object(Bucket=BUCKET, Key=name, ChecksumMode="ENABLED")
+        assert head["ContentLength"] == len(data)
+        assert head["ChecksumSHA256"].endswith("-3")
+        writer.publish(key, work, record)  # a second writer: the bytes are there, nothing sent
+        assert sent == [1, 2, 3]
+        reader = remote_cache(f"s3://{BUCKET}/{prefix}", None, (keys["trusted"][1],), False)
+        (tmp_path / "back").mkdir()
+        assert reader.restore(key, tmp_path / "back") == record
+        assert (tmp_path / "back" / "layer").read_bytes() == data
+    finally:
+        delete_prefix(s3, prefix)
+
+
+def test_a_layer_entry_that_lies_about_its_bytes_is_refused_and_normalized_here(
+    keys, s3, s3_in_environment, tmp_path, capsys
+):
+    import tarfile
+
+    from pipelines.images.layer_cache import LayerCache, layer_key
+    from pipelines.store import Store
+
+    layer_tar = tmp_path / "layer.tar"
+    with tarfile.open(layer_tar, "w") as tar:
+        info = tarfile.TarInfo("etc/hello")
+        payload = b"hello\n"
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+    prefix = f"layer-test-{uuid.uuid4().hex[:8]}"
+    url = f"s3://{BUCKET}/{prefix}"
+    writer = remote_cache(url, keys["trusted"][0], (), False)
+    reader = remote_cache(url, None, (keys["trusted"][1],), False)
+    try:
+        blob, diff_id, how = LayerCache(Store(tmp_path / "a"), writer).normalize(layer_tar, 0)
+        assert how == "normalized"
+        blob_b, diff_id_b, how = LayerCache(Store(tmp_path / "b"), reader).normalize(layer_tar, 0)
+        assert (how, blob_b.digest, diff_id_b) == ("restored", blob.digest, diff_id)
+        assert blob_b.path.read_bytes() == blob.path.read_bytes()
+
+        # The trusted signer's entry for that key now says another diff_id for the same bytes.
+        key = layer_key(diff_id)
+        lying = tmp_path / "lying"
+        shutil.copytree(Store(tmp_path / "a").step_dir(key), lying)
+        index = json.loads((lying / "out" / "layer.json").read_text())
+        (lying / "out" / "layer.json").write_text(json.dumps({**index, "diff_id": blob.digest}))
+        writer.publish(key, lying, json.loads((lying / "step.json").read_text()))
+        capsys.readouterr()
+        store_c = Store(tmp_path / "c")
+        blob_c, diff_id_c, how = LayerCache(store_c, reader).normalize(layer_tar, 0)
+        assert (how, blob_c.digest, diff_id_c) == ("normalized", blob.digest, diff_id)
+        (line,) = [x for x in capsys.readouterr().out.splitlines() if "refused" in x]
+        assert line == (
+            f"image: remote cache {url}: refused layer {key[:16]}: blob {blob.digest[:19]}:"
+            " its tar is not the diff_id its index says; normalizing it here"
+        )
+
+        # ... or holds another layer, whole and consistent, under this layer's key.
+        other_tar = tmp_path / "other.tar"
+        with tarfile.open(other_tar, "w") as tar:
+            info = tarfile.TarInfo("etc/other")
+            tar.addfile(info, io.BytesIO(b""))
+        LayerCache(Store(tmp_path / "o"), None).normalize(other_tar, 0)
+        (other,) = (tmp_path / "o" / "steps").iterdir()
+        step = json.loads((other / "step.json").read_text())
+        writer.publish(key, other, {**step, "key": key})
+        blob_d, _, how = LayerCache(Store(tmp_path / "d"), reader).normalize(layer_tar, 0)
+        assert (how, blob_d.digest) == ("normalized", blob.digest)
+        (line,) = [x for x in capsys.readouterr().out.splitlines() if "refused" in x]
+        assert line.endswith(
+            f"its entry is for another layer than {diff_id[:19]}; normalizing it here"
+        )
+    finally:
+        delete_prefix(s3, prefix)
+
+
+def damaged_layer(tmp_path: Path, damage: str) -> Path:
+    """A normalized layer's output folder (blob + layer.json), then damaged one way."""
+    import tarfile
+
+    from pipelines.images.oci import normalize_layer
+
+    tar_path, out = tmp_path / "layer.tar", tmp_path / "out"
+    out.mkdir(parents=True)
+    with tarfile.open(tar_path, "w") as tar:
+        info = tarfile.TarInfo("etc/hello")
+        info.size = 6
+        tar.addfile(info, io.BytesIO(b"hello\n"))
+    blob, diff_id = normalize_layer(tar_path, 0, out)
+    index = {"digest": blob.digest, "diff_id": diff_id, "size": blob.size}
+    if damage == "size":
+        index["size"] += 1
+    elif damage == "digest":
+        index["digest"] = diff_id  # a well-formed digest its bytes do not give
+        blob.path.rename(out / diff_id[7:])
+    elif damage == "not gzip":
+        blob.path.write_bytes(b"x" * blob.size)
+    elif damage == "trailing bytes":  # digest and size say the longer bytes: only gzip knows
+        longer = blob.path.read_bytes() + b"\0"
+        blob.path.unlink()
+        index["digest"] = "sha256:" + hashlib.sha256(longer).hexdigest()
+        index["size"] = len(longer)
+        (out / index["digest"][7:]).write_bytes(longer)
+    elif damage == "missing blob":
+        blob.path.unlink()
+    elif damage == "size a bool":
+        index["size"] = True
+    elif damage == "diff_id not a digest":
+        index["diff_id"] = "sha256:../../etc"
+    (out / "layer.json").write_text(json.dumps(index))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        ("size", "its bytes are not the digest and size its index says"),
+        ("digest", "its bytes are not the digest and size its index says"),
+        ("not gzip", "not a gzip stream"),
+        ("trailing bytes", "its tar is not the diff_id its index says"),
+        ("missing blob", "missing from the entry"),
+        ("size a bool", "layer.json: field size: expected a byte count"),
+        ("diff_id not a digest", "layer.json: field diff_id: expected sha256:<64 hex>"),
+    ],
+)
+def test_a_restored_layer_is_checked_byte_for_byte(tmp_path, damage, reason):
+    from pipelines.images.layer_cache import BadLayer, check_layer
+
+    with pytest.raises(BadLayer) as refused:
+        check_layer(damaged_layer(tmp_path, damage))
+    assert str(refused.value).endswith(reason)
+    check_layer(damaged_layer(tmp_path / "intact", "none"))  # an intact one passes

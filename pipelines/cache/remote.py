@@ -34,8 +34,11 @@ from pipelines.s3options import S3_CLIENT_OPTIONS
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
+    from types_boto3_s3.type_defs import CompletedPartTypeDef
 
 CHUNK = 1 << 20
+# Files above one part go up in parts of this size (a part is held in memory while it is sent).
+PART = 64 << 20
 WORKERS = 8
 CLIENT_CONFIG: dict[str, Any] = {**S3_CLIENT_OPTIONS, "read_timeout": 60}
 
@@ -221,23 +224,84 @@ class RemoteCache:
 
     def upload(self, f: EntryFile, path: Path) -> None:
         """Put one file's bytes under its sha256 unless the bucket holds them already: an object
-        of that size whose stored SHA-256 checksum is that sha256 (not its size alone: anyone who
-        can write the bucket could have planted other bytes under the name)."""
+        of that size whose stored SHA-256 checksum is the one these bytes give (not its size
+        alone: anyone who can write the bucket could have planted other bytes under the name)."""
         import botocore.exceptions
 
         name = self.object_key(f.sha256)
-        checksum = base64.b64encode(bytes.fromhex(f.sha256)).decode()
+        # Read once more here, streaming: the bytes sent must be the bytes hashed.
+        whole, parts = part_digests(path)
+        if whole != f.sha256:
+            raise PipelineError(f"{path}: changed while uploading")
         try:
             there = self.client.head_object(Bucket=self.bucket, Key=name, ChecksumMode="ENABLED")
-            if there["ContentLength"] == f.size and there.get("ChecksumSHA256") == checksum:
+            if there["ContentLength"] == f.size and there.get("ChecksumSHA256") == stored_checksum(
+                whole, parts
+            ):
                 return
         except botocore.exceptions.ClientError as err:
             if not missing(err):
                 raise
-        # Read once more here: the bytes sent must be the bytes hashed (the store is immutable).
-        data = path.read_bytes()
-        if hashlib.sha256(data).hexdigest() != f.sha256:
-            raise PipelineError(f"{path}: changed while uploading")
-        # With its checksum: the server refuses bytes that do not match it, and keeps it for the
-        # next writer's check above.
-        self.client.put_object(Bucket=self.bucket, Key=name, Body=data, ChecksumSHA256=checksum)
+        # With checksums: the server refuses bytes that do not match them, and keeps them for
+        # the next writer's check above.
+        if len(parts) <= 1:
+            with open(path, "rb") as body:
+                self.client.put_object(
+                    Bucket=self.bucket, Key=name, Body=body, ChecksumSHA256=b64(whole)
+                )
+            return
+        self.upload_parts(name, path, parts)
+
+    def upload_parts(self, name: str, path: Path, parts: list[str]) -> None:
+        """A multipart upload of PART-sized pieces (S3 takes at most 5 GiB in one PUT, and a
+        GB10 image layer can be more), each with its SHA-256; aborted if any part fails."""
+        client = self.client
+        upload = client.create_multipart_upload(
+            Bucket=self.bucket, Key=name, ChecksumAlgorithm="SHA256"
+        )["UploadId"]
+        done: list[CompletedPartTypeDef] = []
+        try:
+            with open(path, "rb") as f:
+                for number, digest in enumerate(parts, 1):
+                    sent = client.upload_part(
+                        Bucket=self.bucket,
+                        Key=name,
+                        UploadId=upload,
+                        PartNumber=number,
+                        Body=f.read(PART),
+                        ChecksumSHA256=b64(digest),
+                    )
+                    done.append(
+                        {"PartNumber": number, "ETag": sent["ETag"], "ChecksumSHA256": b64(digest)}
+                    )
+            client.complete_multipart_upload(
+                Bucket=self.bucket, Key=name, UploadId=upload, MultipartUpload={"Parts": done}
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                client.abort_multipart_upload(Bucket=self.bucket, Key=name, UploadId=upload)
+            raise
+
+
+def b64(hex_digest: str) -> str:
+    """A hex sha256 as S3's base64 checksum header."""
+    return base64.b64encode(bytes.fromhex(hex_digest)).decode()
+
+
+def part_digests(path: Path) -> tuple[str, list[str]]:
+    """(sha256 of the file, sha256 of each PART-sized piece), in one pass."""
+    whole, parts = hashlib.sha256(), []
+    with open(path, "rb") as f:
+        while piece := f.read(PART):
+            whole.update(piece)
+            parts.append(hashlib.sha256(piece).hexdigest())
+    return whole.hexdigest(), parts
+
+
+def stored_checksum(whole: str, parts: list[str]) -> str:
+    """The ChecksumSHA256 S3 keeps for these bytes: the file's own after one PUT, and after a
+    multipart upload the sha256 of the parts' digests with the count of parts."""
+    if len(parts) <= 1:
+        return b64(whole)
+    joined = hashlib.sha256(b"".join(bytes.fromhex(p) for p in parts)).hexdigest()
+    return f"{b64(joined)}-{len(parts)}"

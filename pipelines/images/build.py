@@ -24,7 +24,7 @@ from pipelines.images.inputs import (
     image_repository,
     native_platform,
 )
-from pipelines.images.oci import Image, LayerCache, normalize_saved_image, save_image_index
+from pipelines.images.oci import Image, Layers, normalize_saved_image, save_image_index
 from pipelines.images.spec import ImageDir, ImageError
 from pipelines.progress import say
 
@@ -220,7 +220,7 @@ def build_image(
     plan: BuildPlan,
     builder: str,
     out: Path,
-    layers_cache: LayerCache | None = None,
+    layers_cache: Layers | None = None,
 ) -> Image:
     """Build the plan with a builder and normalize the result into out (blobs + image.json)."""
     with tempfile.TemporaryDirectory(dir=out, prefix="build-") as tmp:

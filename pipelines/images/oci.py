@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol, cast
 
-from pipelines.files import fsync_fd, hash_file, write_atomic
-from pipelines.images.layer_format import GZIP_LEVEL, layer_format
+from pipelines.files import fsync_fd
+from pipelines.images.layer_format import GZIP_LEVEL
 from pipelines.keys import canonical_json
 from pipelines.progress import human_bytes, say
 
@@ -206,34 +206,50 @@ def write_layer(members: Iterable[TarEntry], out_dir: Path) -> tuple[Blob, str]:
     return Blob(digest, size, final, LAYER_TYPE), diff_id
 
 
+class Discard:
+    """A byte sink that keeps nothing (a HashingSink in front of it only hashes)."""
+
+    def write(self, data: bytes, /) -> int:
+        """Take data and drop it."""
+        return len(data)
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+def normal_diff_id(layer_tar: Path, epoch: int) -> str:
+    """The diff_id a layer tar will have once normalized, without compressing it: builders
+    (vfs's `docker save` among them) give one layer different tar bytes from one save to the
+    next, but its normalized tar is one."""
+    sink = HashingSink(Discard())
+    with tarfile.open(layer_tar, "r:*") as tar:
+        # tarfile writes through write() and asks tell(): the sink counts what it passed on.
+        fileobj = cast(IO[bytes], PlainCounter(sink))
+        with tarfile.open(fileobj=fileobj, mode="w", format=tarfile.PAX_FORMAT) as out:
+            for info, data in sorted_members(tar, epoch):
+                out.addfile(info, data)
+    return "sha256:" + sink.sha.hexdigest()
+
+
+class PlainCounter:
+    """A file object for tarfile over a HashingSink: write() passes on, tell() counts."""
+
+    def __init__(self, sink: HashingSink):
+        self.sink = sink
+
+    def write(self, data: bytes) -> int:
+        """Take plain tar bytes."""
+        return self.sink.write(data)
+
+    def tell(self) -> int:
+        """Plain bytes written so far (tarfile asks)."""
+        return self.sink.size
+
+
 def normalize_layer(layer_tar: Path, epoch: int, out_dir: Path) -> tuple[Blob, str]:
     """A normalized, gzipped layer blob and its diff_id (sha256 of the plain tar)."""
     with tarfile.open(layer_tar, "r:*") as tar:
         return write_layer(sorted_members(tar, epoch), out_dir)
-
-
-class LayerCache:
-    """Normalized layers by the sha256 of the builder's layer tar: a base layer is done once."""
-
-    def __init__(self, root: Path):
-        self.root = Path(root)
-        self.blobs = self.root / "blobs"
-        self.blobs.mkdir(parents=True, exist_ok=True)
-
-    def normalize(self, layer_tar: Path, epoch: int) -> tuple[Blob, str]:
-        """The normalized blob and diff_id of a builder layer, from the cache when known."""
-        made_by = hashlib.sha256(canonical_json(layer_format())).hexdigest()[:16]
-        entry = self.root / f"{hash_file(layer_tar)}-{epoch}-{made_by}.json"
-        if entry.exists():
-            known = json.loads(entry.read_text())
-            path = self.blobs / known["digest"].split(":")[1]
-            if path.exists() and path.stat().st_size == known.get("size"):
-                blob = Blob(known["digest"], path.stat().st_size, path, LAYER_TYPE)
-                return blob, known["diff_id"]
-        blob, diff_id = normalize_layer(layer_tar, epoch, self.blobs)
-        record = {"digest": blob.digest, "diff_id": diff_id, "size": blob.size}
-        write_atomic(entry, json.dumps(record).encode())
-        return blob, diff_id
 
 
 def normal_config(
@@ -308,8 +324,15 @@ def descriptor(blob: Blob) -> dict[str, Any]:
     return {"mediaType": blob.media_type, "digest": blob.digest, "size": blob.size}
 
 
+class Layers(Protocol):
+    """Where normalized layers are kept between builds (pipelines.images.layer_cache)."""
+
+    def normalize(self, layer_tar: Path, epoch: int) -> tuple[Blob, str, str]:
+        """(blob, diff_id, how it was had: found, restored or normalized)."""
+
+
 def normalize_saved_image(
-    saved: Path, epoch: int, out_dir: Path, layers_cache: LayerCache | None = None
+    saved: Path, epoch: int, out_dir: Path, layers_cache: Layers | None = None
 ) -> Image:
     """Normalize a `docker save` tar of one image (its manifest.json) into out_dir."""
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
@@ -322,13 +345,13 @@ def normalize_saved_image(
             # A GB10 layer is gigabytes: each gets its line, with its size and how long it took.
             size, started = path.stat().st_size, time.monotonic()
             if layers_cache:
-                blob, diff_id = layers_cache.normalize(path, epoch)
+                blob, diff_id, how = layers_cache.normalize(path, epoch)
             else:
-                blob, diff_id = normalize_layer(path, epoch, out_dir)
+                (blob, diff_id), how = normalize_layer(path, epoch, out_dir), "normalized"
             took = time.monotonic() - started
             say(
                 "image",
-                f"layer {n}/{len(layer_paths)} normalized: {human_bytes(size)} in {took:.1f} s,"
+                f"layer {n}/{len(layer_paths)} {how}: {human_bytes(size)} in {took:.1f} s,"
                 f" {blob.digest[7:19]}",
             )
             layers.append(blob)

@@ -231,7 +231,7 @@ class Images:
     def _build(self, run: StepRun) -> None:
         """Build and normalize the image into the step's folder; the registry cache pushes it."""
         from pipelines.images.build import build_image, choose_builder
-        from pipelines.images.oci import LayerCache
+        from pipelines.images.layer_cache import LayerCache
 
         plan = self.plan()
         if self.image.spec.base.local:
@@ -251,7 +251,7 @@ class Images:
                 f" {plan.platform} are built by CI (`doit plan` prints the invocation)"
             )
         client = self._docker_client() if builder == "engine" else None
-        layers = LayerCache(self.engine.store.area("layers"))
+        layers = LayerCache(self.engine.store, self.engine.remote)
         # A start line before the silent part: a build of a GB10 image takes hours.
         say("image", f"building {plan.name} with {builder}, key {plan.key[:16]}")
         started = time.monotonic()

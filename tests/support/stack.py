@@ -143,6 +143,13 @@ def stack_env(stack):
     return local_stack.s3_environment(stack, local_stack.s3_credentials())
 
 
+@pytest.fixture
+def s3_in_environment(stack_env, monkeypatch):
+    """The stack's S3 for the standard AWS chain of this process (the remote cache's client)."""
+    for name, value in stack_env.items():
+        monkeypatch.setenv(name, value)
+
+
 @pytest.fixture(scope="session")
 def docker_client(stack):
     """A Docker SDK client for the stack's engine."""
