@@ -241,6 +241,29 @@ def test_a_clean_build_of_local_sim_gives_the_digest_the_registry_holds_for_its_
         assert build_image(private_engine, images.plan(), "engine", Path(work)).digest == pushed
 
 
+def test_the_base_built_here_has_the_digest_recorded_on_the_machine_that_develops_it(
+    site, local_base, tmp_path
+):
+    # Reproducible across machines: the same key (Debian lock, debootstrap recipe, compressor)
+    # gives the digest it gave where the project is developed; a key of its own here (another
+    # zlib, a refreshed lock) has nothing to compare with, and says which.
+    import platform
+
+    import yaml
+
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}[platform.machine()]
+    recorded = yaml.safe_load((Path(__file__).parent / "data/images/local-base.yaml").read_text())
+    engine = Engine(Store(tmp_path / "store"))
+    images = Images(stages.context(load_profile("local"), engine, site))
+    key = engine.key(images.base_step)
+    assert arch in recorded and recorded[arch]["key"] == key, (
+        f"tests/data/images/local-base.yaml: no digest recorded for the {arch} base key {key}"
+        f" (this build gave {local_base.rsplit('@', 1)[1]}); record it where the project is"
+        " developed, after a clean build"
+    )
+    assert local_base.rsplit("@", 1)[1] == recorded[arch]["digest"]
+
+
 def wipe_engine(client) -> None:
     """Remove every image from an engine (and with them its build cache)."""
     for _ in range(10):  # a parent goes only after its children: a few passes
