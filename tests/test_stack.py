@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import shutil
 import socket
 import stat
@@ -354,3 +355,25 @@ def test_exported_environment_lets_the_standard_aws_chain_reach_s3(stack, monkey
     )
 
     assert client.head_bucket(Bucket="models")["ResponseMetadata"]["HTTPStatusCode"] == 200
+
+
+def test_a_disk_short_of_room_stops_the_tests_stack_before_it_starts(tmp_path, monkeypatch):
+    # A full disk once showed up as 21 unrelated-looking S3 failures: now it is one line.
+    from support import stack as test_stack
+
+    from devstack.settings import StackError
+
+    def must_not_start(*args, **kwargs):
+        raise AssertionError("a stack was started on a disk without room")
+
+    monkeypatch.setattr(test_stack, "TEST_STACK_DIR", tmp_path)
+    monkeypatch.setattr(test_stack, "NEEDED_FREE", 1 << 60)
+    monkeypatch.setattr(test_stack, "start_stack", must_not_start)
+    with pytest.raises(StackError) as refused:
+        test_stack.session_stack()
+    assert re.fullmatch(
+        rf"{tmp_path}: \d+\.\d GiB free on its disk, the tests' stack needs 1073741824 GiB: free"
+        r" some space \(old clones, /tmp/pytest-of-\*\) and run again",
+        str(refused.value),
+    )
+    assert test_stack.free_space_shortfall(tmp_path, 1 << 20) is None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -76,9 +77,28 @@ def started_here() -> bool:
     return isinstance(record, dict) and record.get("session") == os.environ[SESSION_ENV]
 
 
+# Room a run of the suite needs beside its stack (S3 volumes, registry blobs, engines' images,
+# stores; this project's .stack-test held 5.5 GB after many sessions): with less, SeaweedFS stops
+# taking writes and dozens of unrelated-looking S3 failures follow.
+NEEDED_FREE = 10 << 30
+
+
+def free_space_shortfall(folder: Path, needed: int = NEEDED_FREE) -> str | None:
+    """One line when the disk holding folder has less than needed free; None when it has room."""
+    free = shutil.disk_usage(folder).free
+    if free >= needed:
+        return None
+    return (
+        f"{folder}: {free / 2**30:.1f} GiB free on its disk, the tests' stack needs"
+        f" {needed / 2**30:.0f} GiB: free some space (old clones, /tmp/pytest-of-*) and run again"
+    )
+
+
 def session_stack() -> local_stack.Endpoints:
     """The stack of this session: started by the first worker to ask, then shared."""
     TEST_STACK_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if (shortfall := free_space_shortfall(TEST_STACK_DIR, NEEDED_FREE)) is not None:
+        raise local_stack.StackError(shortfall)
     with (TEST_STACK_DIR / "session.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the workers wait here while the first one starts it
         if started_here():
