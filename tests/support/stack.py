@@ -78,9 +78,9 @@ def started_here() -> bool:
 
 
 # Room a run of the suite needs beside its stack (S3 volumes, registry blobs, engines' images,
-# stores; this project's .stack-test held 5.5 GB after many sessions): with less, SeaweedFS stops
+# stores; measured in the session note): with less, SeaweedFS stops
 # taking writes and dozens of unrelated-looking S3 failures follow.
-NEEDED_FREE = 10 << 30
+NEEDED_FREE = 4 << 30
 
 
 def free_space_shortfall(folder: Path, needed: int = NEEDED_FREE) -> str | None:
