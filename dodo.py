@@ -11,7 +11,7 @@ from doit import get_var
 
 # The stages by package, not by class: doit takes every name here with a create_doit_tasks
 # for a task creator, a stage's class included.
-from pipelines import bench, deploy, fabric, images, profile_check, render, weights
+from pipelines import bench, deploy, fabric, images, profile_check, provenance, render, weights
 from pipelines.cache import remote_cache
 from pipelines.deploy.records import who_ran
 from pipelines.errors import PipelineError, exit_with
@@ -77,8 +77,20 @@ try:
     RENDER = render.Render(
         CONTEXT, model=WEIGHTS.outputs, image=IMAGES.published, stager=STAGER.published
     )
+    # What a deploy trusts: the image's attestation, signed by a trusted key, of today's inputs.
+    TRUST = provenance.ImageTrust(
+        CONTEXT, attestation=IMAGES.attestation_of, key=IMAGES.current_key
+    )
     DEPLOY = deploy.Deploy(
-        CONTEXT, render=RENDER.step, tags=IMAGES, model=WEIGHTS.outputs, stager=STAGER.published
+        CONTEXT,
+        render=RENDER.step,
+        tags=IMAGES,
+        model=WEIGHTS.outputs,
+        stager=STAGER.published,
+        provenance=TRUST.problems,
+    )
+    PROVENANCE = provenance.Provenance(
+        CONTEXT, trust=TRUST, live=DEPLOY.live_record, candidate=IMAGES.published.ref
     )
     # Rings with a data plane to check; a check older than the live deployment is stale.
     FABRIC = fabric.Fabric(CONTEXT, render=RENDER.step, live=DEPLOY.live_record)

@@ -50,6 +50,13 @@ class Settings:
     cache_readonly: bool = False  # SPARKFORGE_CACHE_READONLY=1: read and verify, never write
     # SPARKFORGE_BUILDX_CACHE: a registry ref buildx reads its layer cache from and writes it to
     buildx_cache: str | None = None
+    # SPARKFORGE_SIGNING_KEY (a secret, `name:base64`) or the file SPARKFORGE_SIGNING_KEY_FILE
+    # names: the key image attestations are signed with (pipelines/provenance/keyring.py).
+    signing_key: str | None = field(repr=False, default=None)
+    signing_key_file: Path | None = None
+    trusted_keys: tuple[str, ...] = ()  # SPARKFORGE_TRUSTED_KEYS: name:base64, comma-separated
+    # GITHUB_REPOSITORY (CI's), the source an attestation names; a local checkout otherwise.
+    source_repository: str = "local checkout"
 
 
 def positive(environ: Mapping[str, str], name: str) -> float | None:
@@ -112,14 +119,23 @@ def read_settings(environ: Mapping[str, str]) -> Settings:
         bench_url=bench_url(environ),
         remote_cache=remote_cache_url(environ),
         cache_signing_key=environ.get("SPARKFORGE_CACHE_SIGNING_KEY") or None,
-        cache_trusted_keys=tuple(
-            k.strip()
-            for k in environ.get("SPARKFORGE_CACHE_TRUSTED_KEYS", "").split(",")
-            if k.strip()
-        ),
+        cache_trusted_keys=key_list(environ.get("SPARKFORGE_CACHE_TRUSTED_KEYS", "")),
         cache_readonly=flag(environ, "SPARKFORGE_CACHE_READONLY"),
         buildx_cache=buildx_cache(environ),
+        signing_key=environ.get("SPARKFORGE_SIGNING_KEY") or None,
+        signing_key_file=(
+            Path(environ["SPARKFORGE_SIGNING_KEY_FILE"]).absolute()
+            if environ.get("SPARKFORGE_SIGNING_KEY_FILE")
+            else None
+        ),
+        trusted_keys=key_list(environ.get("SPARKFORGE_TRUSTED_KEYS", "")),
+        source_repository=environ.get("GITHUB_REPOSITORY") or "local checkout",
     )
+
+
+def key_list(value: str) -> tuple[str, ...]:
+    """The keys of a list separated by commas or spaces (Nix separates trusted keys by spaces)."""
+    return tuple(k for k in re.split(r"[,\s]+", value) if k)
 
 
 def buildx_cache(environ: Mapping[str, str]) -> str | None:

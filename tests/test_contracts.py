@@ -60,6 +60,8 @@ BREAKAGES = [
     ("pipelines/deploy/tasks.py", "import pipelines.fabric", "The stages before it do not"),
     ("pipelines/render/tasks.py", "import pipelines.bench", "No stage before it imports"),
     ("pipelines/profile_check/__init__.py", "import pipelines.images.tasks", "The profile stage"),
+    ("pipelines/provenance/checks.py", "import pipelines.images", "Provenance and the named keys"),
+    ("pipelines/namedkeys.py", "import pipelines.cache", "Provenance and the named keys"),
 ]
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import docker
 import msgspec
 import pytest
+from support.attestations import vouch_like
 from support.deploying import (
     deploy_variant,
     deployed,
@@ -89,6 +90,10 @@ def test_a_missing_image_digest_is_refused_in_preflight_naming_the_member(world,
     deployed(world)
     before = member(docker_client, world["name"]).id
     missing = "sha256:" + "0" * 64
+    # Attested as if built here (the registry takes an attestation of a missing subject): the
+    # provenance check passes and the member's pull is what fails.
+    stable = tag_digest(world, "stable")
+    vouch_like(world, stable, missing)
 
     result = doit(world, "deploy", f"image_digest={missing}")
 

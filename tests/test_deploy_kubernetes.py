@@ -118,7 +118,15 @@ def deploy_stage(world: World, image: str, timeout_s: float = 5.0, **kube) -> De
     engine.run(render.step)
     run = stages.context(profile, engine, Site.named("ghcr.io/lab"), [SECRET])
     model = Weights(run).outputs
-    stage = Deploy(run, render=render.step, tags=world.tags, model=model, stager=stages.NO_STAGER)
+    # Provenance is not what this test is about: its own tests are tests/test_provenance.py.
+    stage = Deploy(
+        run,
+        render=render.step,
+        tags=world.tags,
+        model=model,
+        stager=stages.NO_STAGER,
+        provenance=lambda ref: [],
+    )
     access = KubeAccess(str(world.kubeconfig), poll_s=0.001, **kube)
     site = stage.settings.site
     stage.settings = DeploySettings(site, timeout_s, "test", lambda: "0" * 40, access)

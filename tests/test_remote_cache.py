@@ -19,9 +19,10 @@ from support.doit import run_doit
 
 from pipelines.cache import remote_cache
 from pipelines.cache.entries import MAX_INDEX_BYTES, Refused, check_entry, parse_index
-from pipelines.cache.signing import keygen, sign, signing_key
+from pipelines.cache.signing import cache_signing_key, sign
 from pipelines.errors import PipelineError
 from pipelines.keys import canonical_json
+from pipelines.namedkeys import keygen
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "models"  # the stack's bucket; every test works under a prefix of its own
@@ -30,11 +31,11 @@ STEPS = {"profile", "patch_config", "render"}  # the store-backed steps of the l
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
-    """Two key pairs: (private PEM, public) trusted, and one nobody trusts."""
+    """Two named key pairs, (secret, public) as `name:base64`: trusted, and one nobody trusts."""
     root = tmp_path_factory.mktemp("keys")
     pairs = {}
     for name in ("trusted", "stranger"):
-        public = keygen(root / name)
+        public = keygen(f"{name}-key", root / name)
         pairs[name] = ((root / name).read_text(), public)
     return pairs
 
@@ -269,10 +270,10 @@ def test_a_forged_entry_is_refused(cache, keys, s3, tmp_path, forgery):
     parse_index(index, key, "")  # the index itself is valid
     if forgery == "signed by a stranger":
         # A real signature over the altered index, by a key nobody here trusts.
-        stranger = signing_key(keys["stranger"][0])
+        stranger = cache_signing_key(keys["stranger"][0])
         forged = {
             "index": index,
-            "signer": keys["stranger"][1],
+            "signer": "stranger-key",
             "signature": sign(stranger, canonical_json(index)),
         }
     else:
@@ -285,7 +286,7 @@ def test_a_forged_entry_is_refused(cache, keys, s3, tmp_path, forgery):
     refusals = [line for line in run.stdout.splitlines() if "refused" in line]
     assert len(refusals) == 1 and refusals[0].startswith("render: remote cache")
     if forgery == "signed by a stranger":
-        assert f"signed by {keys['stranger'][1]}, a key not trusted here" in refusals[0]
+        assert "signed by stranger-key, a key not trusted here" in refusals[0]
     else:
         assert "signature does not verify" in refusals[0]
     assert said(run.stdout, "built") == {"render"}
@@ -302,10 +303,10 @@ def test_a_signed_entry_that_cannot_be_restored_here_is_refused_and_built(
     key, entry = entry_of(s3, prefix, cache["store"], "render")
     index = entry["index"]
     index["files"][0]["path"] = "x" * 300
-    trusted = signing_key(keys["trusted"][0])
+    trusted = cache_signing_key(keys["trusted"][0])
     signed = {
         "index": index,
-        "signer": keys["trusted"][1],
+        "signer": "trusted-key",
         "signature": sign(trusted, canonical_json(index)),
     }
     s3.put_object(
@@ -361,15 +362,15 @@ def test_a_read_only_cache_never_writes(cache, keys, s3, tmp_path, mode):
 def test_settings_are_refused_in_one_line(keys):
     with pytest.raises(PipelineError, match="no key is trusted"):
         remote_cache("s3://models/x", None, (), False)
-    with pytest.raises(PipelineError, match="not an ed25519 public key"):
+    with pytest.raises(PipelineError, match="not name:base64 of an ed25519 public key"):
         remote_cache("s3://models/x", None, ("bm90IGEga2V5",), False)
-    with pytest.raises(PipelineError, match="expected an ed25519 private key") as err:
+    with pytest.raises(PipelineError, match="expected name:base64 of an ed25519 seed") as err:
         remote_cache("s3://models/x", "not-a-key-but-a-secret", (), False)
     assert "not-a-key-but-a-secret" not in str(err.value)
     # A writer trusts its own key; without a signing key the cache is read-only.
     writer = remote_cache("s3://models/x", keys["trusted"][0], (), False)
-    assert writer.writable and keys["trusted"][1] in writer.trusted
-    assert "PRIVATE" not in repr(writer)
+    assert writer.writable and "trusted-key" in writer.trusted
+    assert keys["trusted"][0].strip().partition(":")[2] not in repr(writer)
     assert not remote_cache("s3://models/x", None, (keys["trusted"][1],), False).writable
     assert not remote_cache("s3://models/x", keys["trusted"][0], (), True).writable
 

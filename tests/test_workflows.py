@@ -195,6 +195,18 @@ def test_only_a_push_to_main_builds_with_the_environment_that_signs():
     assert [s["if"] for s in signing] == ["github.event_name == 'push'"]
 
 
+def test_only_mains_build_step_holds_the_attestation_signing_key():
+    """SPARKFORGE_SIGNING_KEY appears once in all the workflows: the env of build.yml's push
+    step (which runs in `build-main`); deploy and bench only trust public keys."""
+    holders = []
+    for path in sorted((REPO / ".github" / "workflows").glob("*.yml")):
+        for name, job in yaml.safe_load(path.read_text())["jobs"].items():
+            for where in [job, *job.get("steps", [])]:
+                if "SPARKFORGE_SIGNING_KEY" in (where.get("env") or {}):
+                    holders.append((path.name, name, where.get("if")))
+    assert holders == [("build.yml", "rings", "github.event_name == 'push'")]
+
+
 def first_step_run(workflow: str, github: dict[str, str]) -> subprocess.CompletedProcess:
     """The workflow's first step run by bash, its `env` filled from the `github` context given."""
     job = yaml.safe_load((REPO / ".github" / "workflows" / workflow).read_text())["jobs"]

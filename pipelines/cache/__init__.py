@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipelines.cache.remote import RemoteCache
-from pipelines.cache.signing import TRUSTED_ENV, public_text, signing_key, trusted_keys
+from pipelines.cache.signing import TRUSTED_ENV, cache_signing_key, cache_trusted_keys
 from pipelines.errors import BadInput
 
 __all__ = ["RemoteCache", "remote_cache"]
@@ -15,14 +15,13 @@ def remote_cache(
     """The remote cache the settings ask for, or None; a writer also trusts its own key."""
     if not url:
         return None
-    signer = signing_key(signing) if signing else None
-    keys = trusted_keys(trusted)
+    signer = cache_signing_key(signing) if signing else None
+    keys = cache_trusted_keys(trusted)
     if signer is not None:
-        own = signer.public_key()
-        keys.setdefault(public_text(own), own)
+        keys.setdefault(signer.name, signer.public)
     if not keys:
         raise BadInput(
             f"environment SPARKFORGE_REMOTE_CACHE={url!r}: no key is trusted; set {TRUSTED_ENV}"
-            " (comma-separated ed25519 public keys, base64)"
+            " (comma-separated name:base64 ed25519 public keys)"
         )
     return RemoteCache(url, keys, signer, readonly or signer is None)

@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-
-from pipelines.cache.signing import public_text, sign, verifies
+from pipelines.cache.signing import sign, verifies
 from pipelines.errors import PipelineError
 from pipelines.files import hash_file
 from pipelines.keys import canonical_json
+from pipelines.namedkeys import PublicKey, SigningKey
 
 FORMAT = 1
 HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -63,7 +62,7 @@ def make_entry(
     key: str, record: dict[str, Any], files: list[EntryFile], dirs: list[str], signer: Any
 ) -> bytes:
     """The signed entry of key's output, as the bytes uploaded last."""
-    assert isinstance(signer, Ed25519PrivateKey)
+    assert isinstance(signer, SigningKey)
     index = {
         "format": FORMAT,
         "key": key,
@@ -73,7 +72,7 @@ def make_entry(
     }
     envelope = {
         "index": index,
-        "signer": public_text(signer.public_key()),
+        "signer": signer.name,
         "signature": sign(signer, canonical_json(index)),
     }
     return json.dumps(envelope, sort_keys=True, indent=1).encode()
@@ -89,7 +88,7 @@ class Entry:
     signer: str
 
 
-def check_entry(data: bytes, key: str, trusted: dict[str, Ed25519PublicKey]) -> Entry:
+def check_entry(data: bytes, key: str, trusted: dict[str, PublicKey]) -> Entry:
     """The entry of key from its bytes, or Refused: unreadable, untrusted, forged, malformed."""
     if len(data) > MAX_INDEX_BYTES:
         raise Refused(f"index of {len(data)} bytes or more, over the {MAX_INDEX_BYTES} allowed")

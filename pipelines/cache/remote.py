@@ -18,8 +18,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-
 from pipelines import errors
 from pipelines.cache.entries import (
     MAX_INDEX_BYTES,
@@ -30,6 +28,7 @@ from pipelines.cache.entries import (
     output_files,
 )
 from pipelines.errors import BadInput, PipelineError
+from pipelines.namedkeys import PublicKey, SigningKey
 from pipelines.s3options import S3_CLIENT_OPTIONS
 
 if TYPE_CHECKING:
@@ -86,8 +85,8 @@ class RemoteCache:
     """
 
     url: str
-    trusted: dict[str, Ed25519PublicKey]
-    signer: Ed25519PrivateKey | None = field(default=None, repr=False)
+    trusted: dict[str, PublicKey]
+    signer: SigningKey | None = field(default=None, repr=False)
     readonly: bool = False
 
     def __post_init__(self) -> None:

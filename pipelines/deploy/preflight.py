@@ -5,6 +5,7 @@ fabric's RDMA devices: present, port up, RoCE v2 at the GID index, the ring's MT
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,3 +179,9 @@ def nccl_disagreements(hashes: dict[str, str], pinned: str | None = None) -> lis
         for node, digest in rest
         if digest != reference
     ]
+
+
+def provenance_problems(check: Callable[[str], list[str]], image: str) -> list[str]:
+    """The image's provenance refusals (pipelines/provenance/), asked before any member is
+    touched: an unattested image, an untrusted signer, another subject, other inputs."""
+    return check(image)

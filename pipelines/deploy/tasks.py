@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pipelines.deploy.health import smoke
 from pipelines.deploy.plan import Deployment
+from pipelines.deploy.preflight import provenance_problems
 from pipelines.deploy.profilelock import in_turn, profile_lock
 from pipelines.deploy.records import (
     DEPLOYED,
@@ -81,8 +82,11 @@ class Deploy:
         tags: Tags,
         model: ModelOutputs,
         stager: PublishedImage,
+        provenance: Callable[[str], list[str]],
     ):
         profile, engine, settings = context.profile, context.engine, context.settings
+        # One line per failed check of an image's attestation (pipelines/provenance/).
+        self.provenance = provenance
         self.profile = profile
         # A ring stages its weights member to member, in the stager image (`doit stage_ring`
         # on Docker hosts; Jobs of the render on Kubernetes).
@@ -204,6 +208,10 @@ class Deploy:
         started = time.time()
         self._dry_run_possible()
         deployment = self.candidate()
+        refused = provenance_problems(self.provenance, deployment.image)
+        if refused:
+            self._record(deployment, REFUSED, started, reason=refused)
+            raise DeployError("provenance refused, nothing touched: " + "; ".join(refused))
         hygiene = self.profile.hygiene
         problems = self.backend.preflight(
             deployment, bool(hygiene and hygiene.swap_off), MIN_FREE_BYTES, self._lock_sha256()

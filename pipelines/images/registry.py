@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import json
 import os
 import re
 from collections.abc import Callable
@@ -29,10 +30,11 @@ UPLOAD_RESUMES = 5  # cut connections one blob survives
 PUSHERS = 4  # blobs uploaded at once
 OCTETS = "application/octet-stream"
 PROGRESS_BLOB = 64 << 20  # blobs this big get their own progress line
+INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
 ACCEPT = ", ".join(
     [
         MANIFEST_TYPE,
-        "application/vnd.oci.image.index.v1+json",
+        INDEX_TYPE,
         "application/vnd.docker.distribution.manifest.v2+json",
     ]
 )
@@ -85,9 +87,9 @@ class Registry:
                 if isinstance(body, Path):
                     with open(body, "rb") as data:
                         size = {"Content-Length": str(body.stat().st_size)}
-                        r = self._send(method, url, data, {**headers, **auth, **size})
+                        r = self._send(method, url, data, {**headers, **auth, **size}, **kwargs)
                 else:
-                    r = self._send(method, url, body, {**headers, **auth})
+                    r = self._send(method, url, body, {**headers, **auth}, **kwargs)
             except urllib3.exceptions.HTTPError as err:
                 reason = type(err).__name__
                 raise ImageUnreachable(
@@ -188,6 +190,37 @@ class Registry:
             return None
         self._check(r, f"GET manifest {repo}:{ref}")
         return r.data, r.headers.get("Content-Type", MANIFEST_TYPE)
+
+    def small_blob(self, repo: str, digest: str, limit: int) -> bytes:
+        """A small blob's bytes (an attestation), checked against its digest; refused when the
+        registry lacks it, sends more than limit bytes or other bytes than the digest names."""
+        r = self._call("GET", f"{self.base}/{repo}/blobs/{digest}", preload_content=False)
+        try:
+            self._check(r, f"GET blob {repo}@{digest}")
+            data = r.read(limit + 1)
+        finally:
+            r.release_conn()
+        if len(data) > limit:
+            raise ImageError(f"registry {self.host}: blob {repo}@{digest} is over {limit} bytes")
+        if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+            raise ImageError(f"registry {self.host}: blob {repo}@{digest} has other bytes")
+        return data
+
+    def referrers(self, repo: str, digest: str, artifact_type: str) -> list[Any] | None:
+        """The manifests an OCI 1.1 registry lists as referring to digest (of artifact_type),
+        or None when it has no referrers API (distribution 2.x answers 404)."""
+        url = f"{self.base}/{repo}/referrers/{digest}?artifactType={artifact_type}"
+        r = self._call("GET", url, headers={"Accept": INDEX_TYPE})
+        if r.status == 404:
+            return None
+        self._check(r, f"GET referrers of {repo}@{digest}")
+        try:
+            manifests = json.loads(r.data)["manifests"]
+        except (ValueError, TypeError, KeyError, RecursionError):
+            manifests = None
+        if not isinstance(manifests, list):
+            raise ImageError(f"registry {self.host}: referrers of {repo}@{digest}: not an index")
+        return manifests
 
     def has_blob(self, repo: str, digest: str) -> bool:
         """True when the registry holds the blob."""
@@ -353,6 +386,9 @@ class RegistryCache:
     # free, and a no-op run publishes nothing).
     extra_tags: Callable[[], tuple[str, ...]] = tuple
     name: str = "registry"
+    # The signed envelope of an image pushed (ref by digest, key, step record), or None: no
+    # attestation (a base image, or no signing key in this run).
+    attest: Callable[[str, str, dict[str, Any]], bytes] | None = None
 
     @staticmethod
     def key_tag(key: str) -> str:
@@ -360,12 +396,26 @@ class RegistryCache:
         return f"key-{key[:32]}"
 
     def has(self, key: str) -> bool:
-        """True when the registry holds the key's tag."""
-        return self.registry.manifest_digest(self.repository, self.key_tag(key)) is not None
+        """True when the registry holds the key's tag (and, for an attested image, its
+        attestation: an image pushed before it was signed is built and attested again)."""
+        digest = self.registry.manifest_digest(self.repository, self.key_tag(key))
+        if digest is None or self.attest is None:
+            return digest is not None
+        from pipelines.images.attestations import attestation_tag
+
+        return self.registry.manifest_digest(self.repository, attestation_tag(digest)) is not None
 
     def publish(self, key: str, work: Path, record: dict[str, Any]) -> None:
-        """Push the image the step wrote (work/out/image.json), key tag last."""
+        """Push the image the step wrote (work/out/image.json), then its attestation when it
+        is signed, the key tag last."""
         image = load_image_index(work / "out")
-        tags = [*self.extra_tags(), self.key_tag(key)]
-        digest = self.registry.push_image(self.repository, image, tags)
-        print(f"{record['name']}: {self.registry.host}/{self.repository}@{digest}")
+        digest = self.registry.push_image(self.repository, image, list(self.extra_tags()))
+        where = f"{self.registry.host}/{self.repository}@{digest}"
+        if self.attest is not None:
+            from pipelines.images.attestations import attach
+
+            envelope = self.attest(where, key, record)
+            attach(self.registry, self.repository, digest, envelope, work)
+            print(f"{record['name']}: attested {digest[:19]} (in-toto SLSA v1, DSSE)")
+        self.registry.push_manifest(self.repository, self.key_tag(key), image.manifest)
+        print(f"{record['name']}: {where}")

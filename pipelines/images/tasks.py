@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +33,12 @@ if TYPE_CHECKING:
     from docker import DockerClient
 
     from pipelines.images.build import BuildPlan
+    from pipelines.namedkeys import SigningKey
+
+
+def utc_now() -> str:
+    """Now, as RFC 3339 in UTC (SLSA's timestamps)."""
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,8 @@ class Images:
         self.given_digest = context.variable(digest_var)
         self.platform_override = platform  # build for this platform, whatever image.yaml says
         self.wanted = wanted
+        self.settings, self.who, self.git = context.settings, context.who, context.git
+        self.built_at: tuple[str, str] | None = None  # the last build's start and end (UTC)
         site = context.site
         self.registry = Registry(lambda: site.registry)
         self.namespace = site.namespace
@@ -209,9 +219,57 @@ class Images:
             params=lambda: image_params(self.image),
             inputs=image_inputs(self.image),
             pins=lambda: {"base": self.base_ref().rsplit("@", 1)[1]},
-            cache=RegistryCache(self.registry, repository, candidate_tags),
+            cache=RegistryCache(self.registry, repository, candidate_tags, attest=self._attester()),
             after=(self.base_step.name,) if self.base_step else (),
         )
+
+    # --- provenance ------------------------------------------------------------------------
+
+    @cached_property
+    def signer(self) -> SigningKey | None:
+        """The key this run signs attestations with (read when first needed, never printed)."""
+        from pipelines.provenance import attestation_signer
+
+        local = self.engine.store.area("keys") if self.profile.local_stack else None
+        return attestation_signer(self.settings, local)
+
+    def _attester(self) -> Callable[[str, str, dict[str, Any]], bytes] | None:
+        """What signs an image's attestation when it is pushed; None without a signing key."""
+        configured = self.settings.signing_key or self.settings.signing_key_file
+        return self.attestation if configured or self.profile.local_stack else None
+
+    def attestation(self, ref: str, key: str, record: dict[str, Any]) -> bytes:
+        """The signed in-toto Statement (SLSA v1 provenance) of the image ref just pushed."""
+        from pipelines.provenance import ImageBuild, image_statement, sign_statement
+
+        signer = self.signer
+        assert signer is not None  # _attester gives no attester without a key
+        now = utc_now()
+        started, finished = self.built_at or (now, now)
+        name, _, digest = ref.partition("@")
+        fields = ("recipe", "version", "params", "inputs", "deps")
+        build = ImageBuild(
+            name=name,
+            digest=digest,
+            key=key,
+            material={field: record.get(field) for field in fields},
+            builder=f"{self.who} on {socket.gethostname()}",
+            repository=self.settings.source_repository,
+            commit=self.git(),
+            started=started,
+            finished=finished,
+        )
+        return sign_statement(image_statement(build), signer)
+
+    def attestation_of(self, ref: str) -> bytes | None:
+        """The envelope attached to the image ref (registry/repository@digest), or None."""
+        from pipelines.images.attestations import find_attestation
+
+        return find_attestation(self.registry, self.repository(), ref.rpartition("@")[2])
+
+    def current_key(self) -> str:
+        """The image's inputs key as this checkout computes it now (what `doit plan` prints)."""
+        return self.engine.key(self.image_step)
 
     def plan(self) -> BuildPlan:
         """The build plan of the profile's image (its key from the engine)."""
@@ -254,9 +312,10 @@ class Images:
         layers = LayerCache(self.engine.store, self.engine.remote)
         # A start line before the silent part: a build of a GB10 image takes hours.
         say("image", f"building {plan.name} with {builder}, key {plan.key[:16]}")
-        started = time.monotonic()
+        started, began = time.monotonic(), utc_now()
         build_image(client, plan, builder, run.out, layers)
         took = time.monotonic() - started
+        self.built_at = (began, utc_now())
         say("image", f"built with {builder}, key {plan.key[:16]}, in {took:.0f} s")
 
     def _docker_client(self) -> DockerClient:

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from support.stack import delete_repository  # noqa: E402
 
 import devstack  # noqa: E402
-from pipelines.cache.signing import keygen  # noqa: E402
+from pipelines.namedkeys import keygen  # noqa: E402
 
 BUCKET = "models"
 
@@ -79,7 +79,7 @@ def main() -> None:
     namespace = f"perf-remote-cache-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory(prefix="remote-cache-perf.") as tmp:
         root = Path(tmp)
-        public = keygen(root / "key.pem")
+        public = keygen("perf-writer", root / "key.pem")
         for name in [k for k in os.environ if k.startswith("SPARKFORGE_CACHE")]:
             os.environ.pop(name)
         writer = {"SPARKFORGE_CACHE_SIGNING_KEY": (root / "key.pem").read_text()}

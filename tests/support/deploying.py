@@ -15,6 +15,7 @@ import docker
 import pytest
 import requests
 import yaml
+from support.attestations import vouch_like
 from support.doit import run_doit
 from support.stack import delete_repository
 
@@ -148,8 +149,13 @@ def records(world) -> list[dict]:
     ]
 
 
-def derived_image(world, docker_client, tag: str, cmd: list[str] | None = None) -> str:
-    """An image made from the deployed one (another CMD, a label), pushed; returns its digest."""
+def derived_image(
+    world, docker_client, tag: str, cmd: list[str] | None = None, attest: bool = True
+) -> str:
+    """An image made from the deployed one (another CMD, a label), pushed; returns its digest.
+
+    attest: vouched for with the deployed image's attestation (subject swapped), signed by the
+    world's own key, so that a deploy's provenance check lets it through."""
     base = member(docker_client, world["name"]).attrs["Config"]["Image"]
     lines = [f"FROM {base}", f"LABEL dev.sparkforge.test={tag}"]
     if cmd:
@@ -157,7 +163,10 @@ def derived_image(world, docker_client, tag: str, cmd: list[str] | None = None) 
     ref = f"{world['registry']}/{world['repository']}"
     docker_client.images.build(fileobj=io.BytesIO("\n".join(lines).encode()), tag=f"{ref}:{tag}")
     docker_client.images.push(ref, tag=tag)
-    return tag_digest(world, tag)
+    digest = tag_digest(world, tag)
+    if attest:
+        vouch_like(world, base.rpartition("@")[2], digest)
+    return digest
 
 
 def deploy_variant(world, profile: dict, *args: str, **env: str) -> subprocess.CompletedProcess:
