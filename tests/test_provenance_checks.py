@@ -3,7 +3,6 @@ misdirected envelope is one line naming the image, never a traceback or a pass."
 
 from __future__ import annotations
 
-import base64
 import json
 
 import pytest
