@@ -414,9 +414,9 @@ def test_a_runner_with_an_empty_store_restores_the_layers_another_normalized(
     # CI's runners start empty: the normalized layers travel in the remote cache, so a second
     # runner re-compresses nothing and pushes the same image.
     from pipelines.cache import remote_cache
-    from pipelines.cache.signing import keygen
+    from pipelines.namedkeys import keygen
 
-    public = keygen(tmp_path / "key")
+    public = keygen("layers-test", tmp_path / "key")
     url = f"s3://models/layer-cache-test-{uuid.uuid4().hex[:8]}"
     writer = remote_cache(url, (tmp_path / "key").read_text(), (), False)
     reader = remote_cache(url, None, (public,), False)
