@@ -18,6 +18,7 @@ from test_deploy_kubernetes import (
     stored_configs,
 )
 
+from pipelines.deploy.fielddiff import field_changes
 from pipelines.deploy.pruning import OWNER_LABEL, PruneSettingError, prune_wanted
 from pipelines.deploy.records import CorruptRecord
 from pipelines.errors import ChangesPending, Drift
@@ -227,3 +228,19 @@ def test_a_rollback_of_a_record_whose_kept_document_has_no_kind_is_one_line_and_
     )
     assert world.double.writes()[writes:] == []
     assert outcomes(stage) == ["deployed", "deployed"]
+
+
+def test_a_long_value_keeps_both_ends_and_a_credential_is_never_shown():
+    image = "registry.example/lab/sparkforge/vllm-gb10-dsv41-exl3@sha256:" + "c" * 64
+    program = "print('x')\n" * 40
+    changes = field_changes(
+        {"image": image, "data": {"patch.py": program}, "env": {"AWS_SECRET_ACCESS_KEY": "n3w"}},
+        {"image": "old", "data": {"patch.py": ""}, "env": {"AWS_SECRET_ACCESS_KEY": "0ld"}},
+        extras=True,
+    )
+    lines = [change.line() for change in changes]
+    assert lines[0].startswith('data[patch.py]: "" -> "print(') and lines[0].endswith('\\n"')
+    assert "..." in lines[0] and len(lines[0]) < 200
+    assert lines[1] == "env.AWS_SECRET_ACCESS_KEY: (value hidden) changed"
+    assert lines[2] == f'image: "old" -> "{image}"'
+    assert "n3w" not in "".join(lines) and "0ld" not in "".join(lines)

@@ -17,8 +17,9 @@ from typing import Any
 SECRET_NAME = re.compile(
     r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|PRIVATE|ACCESS_KEY|API_KEY", re.I
 )
-# A printed value longer than this is cut (a ConfigMap holding a program, a whole command).
-SHOWN_CHARS = 120
+# A printed value longer than this is cut in the middle (a ConfigMap holding a program, a whole
+# command), keeping both ends: an image reference's digest is at its end.
+SHOWN_CHARS = 160
 ABSENT = object()  # a field one side does not have
 
 
@@ -56,7 +57,10 @@ def shown(value: Any) -> str:
     if value is ABSENT:
         return "(absent)"
     text = json.dumps(value, sort_keys=True)
-    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+    if len(text) <= SHOWN_CHARS:
+        return text
+    half = (SHOWN_CHARS - 3) // 2
+    return text[:half] + "..." + text[-half:]
 
 
 def field_changes(
