@@ -140,3 +140,22 @@ def test_a_prune_argument_other_than_yes_or_no_is_one_line_and_exit_2(world):
     assert result.stderr.strip().splitlines() == [
         "error: doit argument prune='maybe': expected prune=yes or prune=no"
     ]
+
+
+def test_a_kept_launch_plan_of_the_wrong_shape_is_named_field_by_field():
+    from pipelines.deploy.dockerhosts import kept_plan_problems
+    from pipelines.deploy.plan import Deployment
+
+    good = {"rank": 0, "node": "a", "image": "r/i@sha256:" + "0" * 64, "address": "127.0.0.1"}
+    good |= {"port": 8000, "env": {"A": "1"}, "mounts": [{"source": "/m", "target": "/models"}]}
+    bad = {**good, "rank": "0", "env": {"A": 1}, "mounts": [{"source": "/m"}]}
+    del bad["image"]
+    kept = Deployment("local", "k" * 64, (good, bad, "plan"), "r/i", ("unix:///a", "unix:///b"))
+    assert kept_plan_problems(kept) == [
+        "deployment.engines: 2 for 3 launch plans; expected one per plan",
+        "deployment.documents[1].rank: expected int, found str",
+        "deployment.documents[1].image: expected str, found nothing",
+        "deployment.documents[1].mounts[0]: expected an object with source and target strings",
+        "deployment.documents[1].env: expected string values",
+        "deployment.documents[2]: expected a launch plan (an object)",
+    ]

@@ -21,7 +21,7 @@ from test_deploy_kubernetes import (
 from pipelines.deploy.fielddiff import field_changes
 from pipelines.deploy.pruning import OWNER_LABEL, PruneSettingError, prune_wanted
 from pipelines.deploy.records import CorruptRecord
-from pipelines.errors import ChangesPending, Drift
+from pipelines.errors import ChangesPending, Drift, Unreachable
 
 # The Kubernetes deploy tests' world: the double, its kubeconfig, the module's render store.
 renders = kube.renders
@@ -244,3 +244,25 @@ def test_a_long_value_keeps_both_ends_and_a_credential_is_never_shown():
     assert lines[1] == "env.AWS_SECRET_ACCESS_KEY: (value hidden) changed"
     assert lines[2] == f'image: "old" -> "{image}"'
     assert "n3w" not in "".join(lines) and "0ld" not in "".join(lines)
+
+
+def test_status_reports_drift_while_the_registry_does_not_answer(world, capsys):
+    deploy(world, IMAGE_A)
+    world.double.find("InferenceService", "dsv41-flash")["spec"]["image"] = IMAGE_B
+
+    def unreachable() -> str:
+        raise Unreachable("registry ghcr.io unreachable (HEAD .../manifests/stable)")
+
+    world.tags.stable_digest = unreachable
+    stage = deploy_stage(world, IMAGE_A)
+    capsys.readouterr()
+    with pytest.raises(Drift):
+        try:
+            stage.status()
+        finally:
+            stage.backend.close()
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        "  :stable at cannot tell (registry ghcr.io unreachable (HEAD .../manifests/stable))" in out
+    )
+    assert f'        spec.image: "{IMAGE_A}" -> "{IMAGE_B}"' in out

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines.deploy import preflight
-from pipelines.deploy.fielddiff import ObjectDiff, field_changes
+from pipelines.deploy.fielddiff import ObjectDiff, field_changes, shown_type
 from pipelines.deploy.health import wait_until_serving
 from pipelines.deploy.plan import Deployment, one_image, read_documents
 from pipelines.deploy.preflight import member_needs
@@ -471,9 +471,7 @@ def kept_plan_problems(deployment: Deployment) -> list[str]:
             value = plan.get(name)
             if not isinstance(value, types) or isinstance(value, bool):
                 expected = " or ".join(t.__name__ for t in types)
-                problems.append(
-                    f"{where}.{name}: expected {expected}, found {type(value).__name__}"
-                )
+                problems.append(f"{where}.{name}: expected {expected}, found {shown_type(value)}")
         mounts = plan.get("mounts")
         for j, mount in enumerate(mounts if isinstance(mounts, list) else []):
             if not (

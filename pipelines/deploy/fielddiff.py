@@ -63,6 +63,11 @@ def shown(value: Any) -> str:
     return text[:half] + "..." + text[-half:]
 
 
+def shown_type(value: Any) -> str:
+    """A JSON value's type in a word (None: nothing there)."""
+    return "nothing" if value is None else type(value).__name__
+
+
 def field_changes(
     wanted: Any, live: Any, extras: bool, drift: bool = False, path: str = ""
 ) -> list[FieldChange]:

@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pipelines.deploy.fielddiff import shown_type
+
 LAST_APPLIED = "sparkforge.dev/last-applied"
 # Metadata the API server writes; a configuration to re-apply must not carry it.
 SERVER_METADATA = (
@@ -102,11 +104,6 @@ def kind_problems(doc: dict[str, Any]) -> list[str]:
     if not isinstance(name, str):
         return ["spec.template.spec.containers[0].name: expected a string"]
     return []
-
-
-def shown_type(value: Any) -> str:
-    """A JSON value's type in a word (missing: nothing there)."""
-    return "nothing" if value is None else type(value).__name__
 
 
 def previous_config(current: dict[str, Any]) -> dict[str, Any]:

@@ -408,7 +408,7 @@ class Deploy:
         print(f"  deployment {deployment.key}")
         print(f"  image {deployment.image}")
         print(f"  lock sha256 {last['lock_sha256']}, git {last['git']}")
-        print(f"  :stable at {self.tags.stable_digest()}")
+        print(f"  :stable at {self._stable_now()}")
         for line in self.backend.running(deployment):
             print(f"  {line}")
         print(f"  doit build now: {self._build_now(deployment)}")
@@ -420,6 +420,14 @@ class Deploy:
                 f"status {self.profile.name}: {len(drift)} member(s)/object(s) changed since"
                 f" deployment {deployment.key[:16]} applied them (drift)"
             )
+
+    def _stable_now(self) -> str:
+        """Where `:stable` points, or why that cannot be told (a registry down must not hide
+        drift from a scheduled status)."""
+        try:
+            return str(self.tags.stable_digest())
+        except PipelineError as err:
+            return f"cannot tell ({err})"
 
     def _build_now(self, deployment: Deployment) -> str:
         """Whether what `doit build` renders now is the deployed documents."""
