@@ -266,3 +266,21 @@ def test_status_reports_drift_while_the_registry_does_not_answer(world, capsys):
         "  :stable at cannot tell (registry ghcr.io unreachable (HEAD .../manifests/stable))" in out
     )
     assert f'        spec.image: "{IMAGE_A}" -> "{IMAGE_B}"' in out
+
+
+def test_a_listed_object_without_a_name_is_never_pruned_nor_its_collection_deleted(world):
+    deploy(world, IMAGE_A)
+    # A list answer with an owned item that has no name (a hostile or broken API server).
+    nameless = {"apiVersion": "batch/v1", "kind": "Job", "spec": {}}
+    nameless["metadata"] = {"namespace": "dsv41", "labels": {OWNER_LABEL: "tp3-ring"}}
+    world.double.objects[("batch/v1", "Job", "dsv41", "")] = nameless
+    stage = without_member_3(deploy_stage(world, IMAGE_A))
+    try:
+        stage.deploy()
+    finally:
+        stage.backend.close()
+    deletes = [r.path for r in world.double.requests if r.method == "DELETE"]
+    assert deletes and not [p for p in deletes if p.endswith("/jobs")]
+    assert sorted(f"{e['kind']}/{e['name']}" for e in stage.records.history()[-1]["pruned"]) == (
+        sorted(MEMBER_3)
+    )

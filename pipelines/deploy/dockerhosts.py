@@ -379,7 +379,7 @@ class DockerHosts(DockerEngines):
             for container in sorted(listed, key=lambda c: c.name or ""):
                 name = container.name or ""
                 # Set aside by a deploy in progress (or one killed): apply's own to restore.
-                if (url, name) in wanted or name.endswith("-prev"):
+                if not name or (url, name) in wanted or name.endswith("-prev"):
                     continue
                 entry = {
                     "engine": url,

@@ -161,18 +161,23 @@ class Kubernetes:
         for api_version, kind in kinds:
             resource = self.api.resource(api_version, kind)
             for item in self.api.list(resource, namespace, selector):
-                meta = item.get("metadata", {})
+                meta = item.get("metadata") if isinstance(item, dict) else None
+                name = meta.get("name") if isinstance(meta, dict) else None
+                # A listed item without a name is never pruned: its DELETE path would be the
+                # whole collection's.
+                if not isinstance(name, str) or not name or not isinstance(meta, dict):
+                    continue
                 where = meta.get("namespace") if resource.namespaced else None
-                if (api_version, kind, where, meta.get("name")) in wanted:
+                if (api_version, kind, where, name) in wanted:
                     continue
                 entry = {
                     "apiVersion": api_version,
                     "kind": kind,
-                    "name": meta.get("name"),
+                    "name": name,
                     "namespace": where,
                     "config": previous_config(item),
                 }
-                doc = {"kind": kind, "metadata": {"name": meta.get("name"), "namespace": where}}
+                doc = {"kind": kind, "metadata": {"name": name, "namespace": where}}
                 found.append(Stray(self._what(doc), entry))
         return found
 
