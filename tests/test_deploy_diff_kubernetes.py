@@ -268,19 +268,24 @@ def test_status_reports_drift_while_the_registry_does_not_answer(world, capsys):
     assert f'        spec.image: "{IMAGE_A}" -> "{IMAGE_B}"' in out
 
 
-def test_a_listed_object_without_a_name_is_never_pruned_nor_its_collection_deleted(world):
+def test_prune_deletes_no_collection_and_nothing_outside_the_profiles_namespace(world):
     deploy(world, IMAGE_A)
     # A list answer with an owned item that has no name (a hostile or broken API server).
     nameless = {"apiVersion": "batch/v1", "kind": "Job", "spec": {}}
     nameless["metadata"] = {"namespace": "dsv41", "labels": {OWNER_LABEL: "tp3-ring"}}
     world.double.objects[("batch/v1", "Job", "dsv41", "")] = nameless
+    # And one that claims another namespace than the one listed.
+    elsewhere = {"apiVersion": "batch/v1", "kind": "Job", "spec": {}}
+    elsewhere["metadata"] = {"name": "x", "namespace": "kube-system"}
+    elsewhere["metadata"]["labels"] = {OWNER_LABEL: "tp3-ring"}
+    world.double.objects[("batch/v1", "Job", "dsv41", "x")] = elsewhere
     stage = without_member_3(deploy_stage(world, IMAGE_A))
     try:
         stage.deploy()
     finally:
         stage.backend.close()
     deletes = [r.path for r in world.double.requests if r.method == "DELETE"]
-    assert deletes and not [p for p in deletes if p.endswith("/jobs")]
+    assert deletes and not [p for p in deletes if p.endswith("/jobs") or "kube-system" in p]
     assert sorted(f"{e['kind']}/{e['name']}" for e in stage.records.history()[-1]["pruned"]) == (
-        sorted(MEMBER_3)
+        sorted([*MEMBER_3, "Job/x"])
     )

@@ -167,7 +167,8 @@ class Kubernetes:
                 # whole collection's.
                 if not isinstance(name, str) or not name or not isinstance(meta, dict):
                     continue
-                where = meta.get("namespace") if resource.namespaced else None
+                # The namespace listed, not the one the item claims: prune deletes nowhere else.
+                where = namespace if resource.namespaced else None
                 if (api_version, kind, where, name) in wanted:
                     continue
                 entry = {
