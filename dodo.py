@@ -22,8 +22,9 @@ from pipelines.stage import Context
 from pipelines.steps import Engine
 from pipelines.store import Store
 
-# doit's name=value arguments a stage reads: a digest CI pushed, a hand-given fabric check.
-VARIABLES = ("image_digest", "stager_digest", "expect")
+# doit's name=value arguments a stage reads: a digest CI pushed, a hand-given fabric check,
+# prune=no (deploy keeps what a new render dropped).
+VARIABLES = ("image_digest", "stager_digest", "expect", "prune")
 
 
 def stack_endpoints():

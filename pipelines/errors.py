@@ -2,7 +2,8 @@
 every `python -m` entry point runs under.
 
 Exit codes (README, "Exit codes"): 1 a step failed, 2 bad input or configuration, 3 a service
-unreachable or nothing to measure, 4 a gate found a regression, 130 interrupted.
+unreachable or nothing to measure, 4 a gate found a regression, 5 `doit diff` found changes a
+deploy would make, 6 `doit status` found drift, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -45,6 +46,18 @@ class Regression(PipelineError):
     """A gate measured and found a metric worse than its baseline allows."""
 
     exit_code = 4
+
+
+class ChangesPending(PipelineError):
+    """`doit diff`: a deploy now would change something (as terraform's -detailed-exitcode)."""
+
+    exit_code = 5
+
+
+class Drift(PipelineError):
+    """`doit status`: what runs was changed since the last deployment applied it."""
+
+    exit_code = 6
 
 
 def exit_with(err: PipelineError) -> NoReturn:

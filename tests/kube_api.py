@@ -186,7 +186,9 @@ class KubeServer:
         self.double = double
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # A short poll: shutdown() waits for the loop's next turn (0.5 s by default, per test).
+        serve = {"poll_interval": 0.02}
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs=serve, daemon=True)
         self.thread.start()
 
     def kubeconfig(self, token: str = TOKEN) -> dict[str, Any]:

@@ -16,8 +16,9 @@ from staged_tp3 import staged_tp3_render
 from support import stages
 
 from pipelines.deploy import Deploy, DeploySettings
-from pipelines.deploy.kubeobjects import LAST_APPLIED, compact
+from pipelines.deploy.kubeobjects import LAST_APPLIED, compact, owned
 from pipelines.deploy.plan import Deployment
+from pipelines.deploy.pruning import OWNER_LABEL
 from pipelines.deploy.records import Records
 from pipelines.errors import DeployError, PipelineError
 from pipelines.profiles import load_profile
@@ -158,7 +159,11 @@ def stored_configs(double: KubeDouble) -> dict[str, str]:
 
 
 def configs_of(deployment: Deployment) -> dict[str, str]:
-    return {f"{d['kind']}/{d['metadata']['name']}": compact(d) for d in deployment.documents}
+    """kind/name -> the configuration a deploy applies (the render's, with the ownership label)."""
+    return {
+        f"{d['kind']}/{d['metadata']['name']}": compact(owned(d, OWNER_LABEL, deployment.profile))
+        for d in deployment.documents
+    }
 
 
 def test_deploy_applies_in_the_domains_order_waiting_for_each_phase(world):

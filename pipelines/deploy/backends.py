@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipelines.deploy.dockerhosts import DockerHosts
+from pipelines.deploy.fielddiff import ObjectDiff
 from pipelines.deploy.kubernetes import Kubernetes
 from pipelines.deploy.plan import Deployment
+from pipelines.deploy.pruning import Stray
 from pipelines.profiles import Profile
 from pipelines.targets import load, target_of
 from pipelines.targets.kubeapi import KubeAccess
@@ -53,6 +55,24 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Let go of connections (clients, ssh forwards)."""
+
+    def diff(self, deployment: Deployment) -> list[ObjectDiff]:
+        """What apply would change, per member or object, field by field; touches nothing."""
+
+    def drift(self, deployment: Deployment) -> list[ObjectDiff]:
+        """What differs now from what the deployment applied, per member or object (changed by
+        hand since), field by field; touches nothing."""
+
+    def strays(self, deployment: Deployment, earlier: Deployment | None) -> list[Stray]:
+        """What carries the profile's ownership label but is not in the deployment (where the
+        deployment or the earlier one runs); touches nothing."""
+
+    def prune(self, strays: list[Stray]) -> list[str]:
+        """Delete the strays; one line per one that could not be deleted."""
+
+    def validate(self, deployment: Deployment) -> list[str]:
+        """What is wrong with a deployment read from a record, one line per field: a record
+        is hostile input, and rollback applies what it holds."""
 
 
 def docker_backend(

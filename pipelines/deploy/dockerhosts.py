@@ -5,14 +5,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines.deploy import preflight
+from pipelines.deploy.fielddiff import ObjectDiff, field_changes, shown_type
 from pipelines.deploy.health import wait_until_serving
 from pipelines.deploy.plan import Deployment, one_image, read_documents
 from pipelines.deploy.preflight import member_needs
+from pipelines.deploy.pruning import Stray
 from pipelines.errors import DeployError
 from pipelines.targets.dockerengines import DockerEngines, MemberHost, container_options
 
@@ -295,6 +298,119 @@ class DockerHosts(DockerEngines):
                 )
         return lines
 
+    def diff(self, deployment: Deployment) -> list[ObjectDiff]:
+        """What apply would change, per member: a member running this key is left alone."""
+        found = []
+        for member, plan, what, current in self._members_now(deployment):
+            if current is None:
+                found.append(ObjectDiff(what, f"create ({plan['image']})"))
+            elif current.labels.get(KEY_LABEL) != deployment.key or current.status != "running":
+                wanted = plan_view(plan, deployment.key)
+                changes = field_changes(wanted, self._view(member, current), extras=True)
+                found.append(ObjectDiff(what, "replace", tuple(changes)))
+        return found
+
+    def drift(self, deployment: Deployment) -> list[ObjectDiff]:
+        """Each member whose container differs from what the deployment started, by field."""
+        found = []
+        for member, plan, what, current in self._members_now(deployment):
+            if current is None:
+                found.append(ObjectDiff(what, "missing"))
+                continue
+            wanted = plan_view(plan, deployment.key)
+            changes = field_changes(wanted, self._view(member, current), extras=True, drift=True)
+            if changes:
+                found.append(ObjectDiff(what, "changed since deployed", tuple(changes)))
+        return found
+
+    def _members_now(
+        self, deployment: Deployment
+    ) -> Iterator[tuple[MemberHost, dict[str, Any], str, Container | None]]:
+        """(member, plan, a line naming it, its container now or None) by rank."""
+        for member, plan in deployment.members():
+            name = container_name(deployment.profile, member.rank)
+            current = self.find(self.client(member), name)
+            yield member, plan, f"member {member.node} ({name} on {member.docker})", current
+
+    def _view(self, member: MemberHost, container: Container) -> dict[str, Any]:
+        """A container as plan_view shows a plan: what the image sets itself left out."""
+        import docker.errors
+
+        attrs = container.attrs
+        config = attrs.get("Config") or {}
+        try:
+            image = self.client(member).images.get(attrs["Image"]).attrs.get("Config") or {}
+        except docker.errors.ImageNotFound:
+            image = {}
+        image_env = env_of(image.get("Env"))
+        env = {k: v for k, v in env_of(config.get("Env")).items() if image_env.get(k) != v}
+        command = config.get("Cmd")
+        return {
+            "image": config.get("Image"),
+            "env": env,
+            "mounts": {
+                m.get("Destination"): f"{m.get('Source')}" + ("" if m.get("RW", True) else " (ro)")
+                for m in attrs.get("Mounts") or []
+            },
+            "command": None if command == image.get("Cmd") else command,
+            "network_mode": (attrs.get("HostConfig") or {}).get("NetworkMode"),
+            "labels": {KEY_LABEL: container.labels.get(KEY_LABEL)},
+            "state": container.status,
+        }
+
+    def strays(self, deployment: Deployment, earlier: Deployment | None) -> list[Stray]:
+        """The profile's deployment containers, on its engines and the earlier deployment's,
+        that this deployment does not run (a member removed, moved to another host)."""
+        import docker.errors
+
+        wanted = {
+            (member.docker, container_name(deployment.profile, member.rank))
+            for member, _ in deployment.members()
+        }
+        engines = dict.fromkeys([*deployment.engines, *(earlier.engines if earlier else ())])
+        labels = [f"{PROFILE_LABEL}={deployment.profile}", KEY_LABEL]
+        found = []
+        for url in engines:
+            client = self.client(MemberHost(-1, "engine", url))
+            try:
+                listed = client.containers.list(all=True, filters={"label": labels})
+            except docker.errors.DockerException as err:
+                raise DeployError(f"engine {url}: listing containers: {err}") from None
+            for container in sorted(listed, key=lambda c: c.name or ""):
+                name = container.name or ""
+                # Set aside by a deploy in progress (or one killed): apply's own to restore.
+                if not name or (url, name) in wanted or name.endswith("-prev"):
+                    continue
+                entry = {
+                    "engine": url,
+                    "container": name,
+                    "deployment": container.labels.get(KEY_LABEL, ""),
+                    "image": (container.attrs.get("Config") or {}).get("Image", ""),
+                }
+                found.append(Stray(f"container {name} on {url}", entry))
+        return found
+
+    def prune(self, strays: list[Stray]) -> list[str]:
+        """Remove each stray container; one line per one that could not be removed."""
+        import docker.errors
+        import requests
+
+        failed = []
+        for stray in strays:
+            url, name = stray.entry["engine"], stray.entry["container"]
+            try:
+                found = self.find(self.client(MemberHost(-1, "engine", url)), name)
+                if found is not None:
+                    found.remove(force=True)
+            except (DeployError, docker.errors.DockerException, requests.RequestException) as err:
+                failed.append(f"{stray.what}: not removed: {err}")
+        return failed
+
+    def validate(self, deployment: Deployment) -> list[str]:
+        """What is wrong with a deployment's kept launch plans, one line each (a record is
+        hostile input: rollback re-runs what it holds)."""
+        return kept_plan_problems(deployment)
+
     @staticmethod
     def find(client: DockerClient, name: str) -> Container | None:
         import docker.errors
@@ -302,3 +418,71 @@ class DockerHosts(DockerEngines):
         with contextlib.suppress(docker.errors.NotFound):
             return client.containers.get(name)
         return None
+
+
+def plan_view(plan: dict[str, Any], key: str) -> dict[str, Any]:
+    """The fields of a launch plan a container shows, as `_view` reads them back."""
+    return {
+        "image": plan["image"],
+        "env": dict(plan.get("env", {})),
+        "mounts": {
+            m["target"]: m["source"] + (" (ro)" if m.get("read_only") else "")
+            for m in plan.get("mounts", [])
+        },
+        "command": plan.get("command") or None,
+        "network_mode": plan.get("network_mode", "host"),
+        "labels": {KEY_LABEL: key},
+        "state": "running",
+    }
+
+
+def env_of(entries: list[str] | None) -> dict[str, str]:
+    """A container's or image's `NAME=value` list as a dict."""
+    pairs = (entry.partition("=") for entry in entries or [])
+    return {name: value for name, _, value in pairs}
+
+
+# field -> the JSON types a kept launch plan must have there (the fields apply and wait read).
+PLAN_FIELDS: dict[str, tuple[type, ...]] = {
+    "rank": (int,),
+    "node": (str,),
+    "image": (str,),
+    "address": (str,),
+    "port": (int,),
+    "env": (dict,),
+    "mounts": (list,),
+}
+
+
+def kept_plan_problems(deployment: Deployment) -> list[str]:
+    """One line per launch plan field of the wrong type, a missing engine or mount field."""
+    problems = []
+    if len(deployment.engines) != len(deployment.documents):
+        problems.append(
+            f"deployment.engines: {len(deployment.engines)} for"
+            f" {len(deployment.documents)} launch plans; expected one per plan"
+        )
+    for i, plan in enumerate(deployment.documents):
+        where = f"deployment.documents[{i}]"
+        if not isinstance(plan, dict):
+            problems.append(f"{where}: expected a launch plan (an object)")
+            continue
+        for name, types in PLAN_FIELDS.items():
+            value = plan.get(name)
+            if not isinstance(value, types) or isinstance(value, bool):
+                expected = " or ".join(t.__name__ for t in types)
+                problems.append(f"{where}.{name}: expected {expected}, found {shown_type(value)}")
+        mounts = plan.get("mounts")
+        for j, mount in enumerate(mounts if isinstance(mounts, list) else []):
+            if not (
+                isinstance(mount, dict)
+                and all(isinstance(mount.get(k), str) for k in ("source", "target"))
+            ):
+                problems.append(
+                    f"{where}.mounts[{j}]: expected an object with source and target strings"
+                )
+        if isinstance(plan.get("env"), dict) and not all(
+            isinstance(v, str) for v in plan["env"].values()
+        ):
+            problems.append(f"{where}.env: expected string values")
+    return problems

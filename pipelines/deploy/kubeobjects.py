@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pipelines.deploy.fielddiff import shown_type
+
 LAST_APPLIED = "sparkforge.dev/last-applied"
 # Metadata the API server writes; a configuration to re-apply must not carry it.
 SERVER_METADATA = (
@@ -32,6 +34,76 @@ def with_last_applied(config: dict[str, Any]) -> dict[str, Any]:
     annotations = body["metadata"].setdefault("annotations", {})
     annotations[LAST_APPLIED] = compact(config)
     return body
+
+
+def owned(config: dict[str, Any], label: str, value: str) -> dict[str, Any]:
+    """The configuration with the ownership label set (what pruning selects by)."""
+    body = copy.deepcopy(config)
+    body["metadata"].setdefault("labels", {})[label] = value
+    return body
+
+
+def compared(body: dict[str, Any]) -> dict[str, Any]:
+    """An object as diffs compare it: no status, no server-written metadata, no last-applied
+    annotation (it repeats the rest)."""
+    config = {k: v for k, v in body.items() if k != "status"}
+    meta = {k: v for k, v in body.get("metadata", {}).items() if k not in SERVER_METADATA}
+    annotations = {k: v for k, v in meta.get("annotations", {}).items() if k != LAST_APPLIED}
+    meta.pop("annotations", None)
+    if annotations:
+        meta["annotations"] = annotations
+    config["metadata"] = meta
+    return config
+
+
+def kept_document_problems(documents: tuple[dict[str, Any], ...]) -> list[str]:
+    """One line per kept document without what applying it reads: apiVersion, kind and
+    metadata.name strings (a namespace, when there, a string too); no Secret."""
+    problems = []
+    for i, doc in enumerate(documents):
+        where = f"deployment.documents[{i}]"
+        if not isinstance(doc, dict):
+            problems.append(f"{where}: expected a Kubernetes object")
+            continue
+        for name in ("apiVersion", "kind"):
+            if not isinstance(doc.get(name), str) or not doc[name]:
+                problems.append(
+                    f"{where}.{name}: expected a string, found {shown_type(doc.get(name))}"
+                )
+        meta = doc.get("metadata")
+        if not isinstance(meta, dict):
+            problems.append(f"{where}.metadata: expected an object, found {shown_type(meta)}")
+            continue
+        if not isinstance(meta.get("name"), str) or not meta["name"]:
+            problems.append(
+                f"{where}.metadata.name: expected a string, found {shown_type(meta.get('name'))}"
+            )
+        namespace = meta.get("namespace", "")
+        if not isinstance(namespace, str):
+            problems.append(
+                f"{where}.metadata.namespace: expected a string, found {shown_type(namespace)}"
+            )
+        if doc.get("kind") == "Secret":
+            problems.append(f"{where}.kind: Secret; expected Secrets by name only")
+        problems += [f"{where}.{line}" for line in kind_problems(doc)]
+    return problems
+
+
+def kind_problems(doc: dict[str, Any]) -> list[str]:
+    """What apply and its waits read of a Job (its first container's name) or an
+    InferenceService (its spec), where missing or of another type."""
+    spec = doc.get("spec")
+    if doc.get("kind") == "InferenceService" and not isinstance(spec, dict):
+        return [f"spec: expected an object, found {shown_type(spec)}"]
+    if doc.get("kind") != "Job":
+        return []
+    try:
+        name = spec["template"]["spec"]["containers"][0]["name"]  # type: ignore[index]
+    except (KeyError, IndexError, TypeError):
+        name = None
+    if not isinstance(name, str):
+        return ["spec.template.spec.containers[0].name: expected a string"]
+    return []
 
 
 def previous_config(current: dict[str, Any]) -> dict[str, Any]:

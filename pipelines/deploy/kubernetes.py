@@ -15,17 +15,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipelines.deploy.fielddiff import ObjectDiff, field_changes
 from pipelines.deploy.kubeobjects import (
     LAST_APPLIED,
     Change,
+    compared,
     images_of,
     job_state,
+    kept_document_problems,
+    owned,
     phases,
     previous_config,
     service_state,
     with_last_applied,
 )
 from pipelines.deploy.plan import Deployment, one_image, read_documents
+from pipelines.deploy.pruning import OWNER_LABEL, Stray
 from pipelines.errors import DeployError
 from pipelines.profiles import Profile, required
 from pipelines.targets.kubeapi import KubeAccess, KubeApi, Resource
@@ -93,6 +98,107 @@ class Kubernetes:
     def _resource(self, doc: dict[str, Any]) -> Resource:
         return self.api.resource(doc["apiVersion"], doc["kind"])
 
+    def _body(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """What is applied for a rendered document: it, with the profile's ownership label,
+        and that configuration in the last-applied annotation."""
+        return with_last_applied(owned(doc, OWNER_LABEL, self.profile.name))
+
+    @staticmethod
+    def _what(doc: dict[str, Any]) -> str:
+        meta = doc["metadata"]
+        where = f" in {meta['namespace']}" if meta.get("namespace") else ""
+        return f"{doc['kind']}/{meta['name']}{where}"
+
+    def diff(self, deployment: Deployment) -> list[ObjectDiff]:
+        """What apply would change, per object: the live object against the server-side apply
+        dry run's result (the rendered object as the API server would merge it); a Job whose
+        template changed against the rendered one (apply replaces it)."""
+        found = []
+        for doc in deployment.documents:
+            resource, meta, body = self._resource(doc), doc["metadata"], self._body(doc)
+            current = self.api.get(resource, meta["name"], meta.get("namespace"))
+            if current is None:
+                found.append(ObjectDiff(self._what(doc), "create"))
+                continue
+            if doc["kind"] == "Job" and self._differs(current, body):
+                changes = field_changes(compared(body), compared(current), extras=True)
+                found.append(ObjectDiff(self._what(doc), "replace", tuple(changes)))
+                continue
+            merged = self.api.apply(resource, body, dry_run=True)
+            changes = field_changes(compared(merged), compared(current), extras=True)
+            if changes:
+                found.append(ObjectDiff(self._what(doc), "change", tuple(changes)))
+        return found
+
+    def drift(self, deployment: Deployment) -> list[ObjectDiff]:
+        """Each object whose live fields differ from what the deployment applied (fields the
+        server adds of its own are not drift; items added to a named list are)."""
+        found = []
+        for doc in deployment.documents:
+            meta = doc["metadata"]
+            current = self.api.get(self._resource(doc), meta["name"], meta.get("namespace"))
+            if current is None:
+                found.append(ObjectDiff(self._what(doc), "missing"))
+                continue
+            wanted = compared(self._body(doc))
+            changes = field_changes(wanted, compared(current), extras=False, drift=True)
+            if changes:
+                found.append(ObjectDiff(self._what(doc), "changed since deployed", tuple(changes)))
+        return found
+
+    def strays(self, deployment: Deployment, earlier: Deployment | None) -> list[Stray]:
+        """Objects with the profile's ownership label, of the kinds this deployment or the
+        earlier one applies, that this deployment does not contain."""
+        namespace = required(self.profile.kubernetes, "kubernetes", self.profile).namespace
+        docs = [*deployment.documents, *(earlier.documents if earlier else ())]
+        kinds = dict.fromkeys((d["apiVersion"], d["kind"]) for d in docs)
+        wanted = {
+            (d["apiVersion"], d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"])
+            for d in deployment.documents
+        }
+        selector = f"{OWNER_LABEL}={self.profile.name}"
+        found = []
+        for api_version, kind in kinds:
+            resource = self.api.resource(api_version, kind)
+            for item in self.api.list(resource, namespace, selector):
+                meta = item.get("metadata") if isinstance(item, dict) else None
+                name = meta.get("name") if isinstance(meta, dict) else None
+                # A listed item without a name is never pruned: its DELETE path would be the
+                # whole collection's.
+                if not isinstance(name, str) or not name or not isinstance(meta, dict):
+                    continue
+                # The namespace listed, not the one the item claims: prune deletes nowhere else.
+                where = namespace if resource.namespaced else None
+                if (api_version, kind, where, name) in wanted:
+                    continue
+                entry = {
+                    "apiVersion": api_version,
+                    "kind": kind,
+                    "name": name,
+                    "namespace": where,
+                    "config": previous_config(item),
+                }
+                doc = {"kind": kind, "metadata": {"name": name, "namespace": where}}
+                found.append(Stray(self._what(doc), entry))
+        return found
+
+    def prune(self, strays: list[Stray]) -> list[str]:
+        """Delete each stray object; one line per one the API server would not delete."""
+        failed = []
+        for stray in strays:
+            e = stray.entry
+            try:
+                resource = self.api.resource(e["apiVersion"], e["kind"])
+                self.api.delete(resource, e["name"], e["namespace"], self.dry_run)
+            except DeployError as err:
+                failed.append(f"{stray.what}: not deleted: {err}")
+        return failed
+
+    def validate(self, deployment: Deployment) -> list[str]:
+        """What is wrong with a deployment's kept objects, one line each (a record is hostile
+        input: rollback re-applies what it holds)."""
+        return kept_document_problems(deployment.documents)
+
     def preflight(
         self, deployment: Deployment, swap_off: bool, min_free: int, lock_sha256: str = ""
     ) -> list[str]:
@@ -143,7 +249,7 @@ class Kubernetes:
         """The API server's verdict on applying doc, without applying it."""
         resource = self._resource(doc)
         meta = doc["metadata"]
-        body = with_last_applied(doc)
+        body = self._body(doc)
         if doc["kind"] == "Job":
             current = self.api.get(resource, meta["name"], meta.get("namespace"))
             if current is not None and self._differs(current, body):
@@ -180,7 +286,7 @@ class Kubernetes:
         resource = self._resource(doc)
         meta = doc["metadata"]
         name, namespace = meta["name"], meta.get("namespace")
-        body = with_last_applied(doc)
+        body = self._body(doc)
         current = self.api.get(resource, name, namespace)
         before = previous_config(current) if current is not None else None
         change = Change(doc["apiVersion"], doc["kind"], name, namespace, before)
@@ -344,7 +450,7 @@ class Kubernetes:
             if current is None:
                 lines.append(f"{what}: not found on {self.api.url}")
                 continue
-            ours = not self._differs(current, with_last_applied(doc))
+            ours = not self._differs(current, self._body(doc))
             state = "this deployment" if ours else "differs from this deployment"
             if doc["kind"] == "InferenceService":
                 members = len(doc["spec"].get("multiNode", {}).get("members", [])) or 1

@@ -9,20 +9,23 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pipelines.deploy.fielddiff import ObjectDiff, summary
 from pipelines.deploy.health import smoke
 from pipelines.deploy.plan import Deployment
 from pipelines.deploy.preflight import provenance_problems
 from pipelines.deploy.profilelock import in_turn, profile_lock
+from pipelines.deploy.pruning import Stray, prune_wanted
 from pipelines.deploy.records import (
     DEPLOYED,
     REFUSED,
     RESTORED,
     ROLLED_BACK,
     UNCHANGED,
+    CorruptRecord,
     Records,
 )
 from pipelines.deploy.signals import restoring, terminate_as_interrupt
-from pipelines.errors import DeployError, PipelineError
+from pipelines.errors import ChangesPending, DeployError, Drift, PipelineError
 from pipelines.site import Site
 from pipelines.stage import Context
 from pipelines.steps import Step, side_task
@@ -119,6 +122,8 @@ class Deploy:
         )
         deployments = engine.store.area("deployments")
         self.records = Records(deployments / profile.name)
+        # `prune=no` keeps what a new render dropped (read once, like every setting).
+        self.prune = prune_wanted(context.variable("prune"))
         self.deploy_lock = profile_lock(deployments, profile.name)
 
     @cached_property
@@ -219,23 +224,35 @@ class Deploy:
         if problems:
             self._record(deployment, REFUSED, started, reason=problems)
             raise DeployError("preflight failed, nothing touched:\n" + "\n".join(problems))
+        earlier = self._earlier()
+        self._print_changes("deploy", deployment, earlier)
         if self.settings.kube.dry_run:
             self.backend.apply(deployment)  # every write with dryRun=All, no wait
             print(f"deploy: server dry run of {deployment.key[:16]}: nothing touched, no record")
             return
         changes = self._roll_out(deployment, started)
-        unchanged = all(change.unchanged for change in changes)
+        pruned, not_pruned = self._prune(deployment, earlier)
+        unchanged = all(change.unchanged for change in changes) and not pruned
         outcome = UNCHANGED if unchanged else DEPLOYED
         try:
             promoted = self.tags.promote(deployment.digest)
         except PipelineError as err:
             # The new deployment serves and the old one is gone: the record must say it is live.
-            self._record(deployment, outcome, started, stable=f"not moved: {err}")
+            self._record(
+                deployment,
+                outcome,
+                started,
+                stable=f"not moved: {err}",
+                **pruned_fields(pruned, not_pruned),
+            )
             raise DeployError(
                 f"deploy {deployment.profile}: {deployment.key[:16]} serves, but :stable was"
                 f" not moved: {err}"
             ) from None
-        self._record(deployment, outcome, started, stable=promoted)
+        self._record(
+            deployment, outcome, started, stable=promoted, **pruned_fields(pruned, not_pruned)
+        )
+        self._prune_failed("deploy", deployment, not_pruned)
         state = "nothing restarted" if unchanged else "deployed"
         print(f"deploy: {state} {deployment.key[:16]}; {promoted}")
         url = self.backend.endpoint(deployment)
@@ -263,20 +280,97 @@ class Deploy:
         earlier = [r for r in live if r["deployment"]["key"] != current]
         if not earlier:
             raise DeployError(f"profile {self.profile.name}: no earlier deployment to restore")
-        deployment = Deployment.from_record(self.profile.name, earlier[-1]["deployment"])
+        # Checked before anything is touched: a record is hostile input.
+        deployment = self._kept(earlier[-1])
+        replaced = self._kept(live[-1])
         self._roll_out(deployment, started)
+        # What the replaced deployment added goes too: the earlier one is restored as it was.
+        pruned, not_pruned = self._prune(deployment, replaced)
+        extra = pruned_fields(pruned, not_pruned)
         try:
             restored = self.tags.restore_stable()
         except PipelineError as err:
             self._record(
-                deployment, RESTORED, started, stable=f"not moved: {err}", replaced=current
+                deployment, RESTORED, started, stable=f"not moved: {err}", replaced=current, **extra
             )
             raise DeployError(
                 f"rollback {self.profile.name}: {deployment.key[:16]} serves again, but :stable"
                 f" was not moved back: {err}"
             ) from None
-        self._record(deployment, RESTORED, started, stable=restored, replaced=current)
+        self._record(deployment, RESTORED, started, stable=restored, replaced=current, **extra)
+        self._prune_failed("rollback", deployment, not_pruned)
         print(f"rollback: {deployment.key[:16]} restored; {restored}")
+
+    def _kept(self, record: dict[str, Any]) -> Deployment:
+        """The deployment a record kept, checked as its target applies it; CorruptRecord (exit
+        2) naming the record and the first bad field."""
+        deployment = Deployment.from_record(self.profile.name, record["deployment"])
+        problems = self.backend.validate(deployment)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise CorruptRecord(
+                f"{self.records.folder / record['file']}: {problems[0]}{more}; nothing applied"
+            )
+        return deployment
+
+    def _earlier(self) -> Deployment | None:
+        """The deployment running now, as its record kept it (None: nothing deployed, or a
+        record that cannot be used: said in one line; pruning then looks only where the new
+        deployment runs)."""
+        live = self.records.live()
+        if not live:
+            return None
+        try:
+            return self._kept(live[-1])
+        except CorruptRecord as err:
+            self.records.skip(self.records.folder / live[-1]["file"], str(err))
+            return None
+
+    def _print_changes(
+        self, action: str, deployment: Deployment, earlier: Deployment | None
+    ) -> list[ObjectDiff]:
+        """Print what deploying deployment would change (members or objects, field by field,
+        and what pruning would delete); returns the changes that count."""
+        diffs = self.backend.diff(deployment)
+        strays = self.backend.strays(deployment, earlier)
+        verb = "delete (prune)" if self.prune else "keep (prune=no)"
+        listed = diffs + [ObjectDiff(stray.what, verb) for stray in strays]
+        subject = f"{action}: {deployment.profile} {deployment.key[:16]} would change"
+        for line in summary(listed, subject):
+            print(line)
+        return diffs + ([ObjectDiff(s.what, verb) for s in strays] if self.prune else [])
+
+    def _prune(
+        self, deployment: Deployment, earlier: Deployment | None
+    ) -> tuple[list[Stray], list[str]]:
+        """After a rollout: delete what the profile owns that deployment does not contain
+        (unless prune=no); (what was deleted, one line per what could not be)."""
+        if not self.prune:
+            return [], []
+        strays = self.backend.strays(deployment, earlier)
+        failed = self.backend.prune(strays)
+        gone = [s for s in strays if not any(line.startswith(s.what + ":") for line in failed)]
+        for stray in gone:
+            print(f"deploy: pruned {stray.what}")
+        return gone, failed
+
+    def _prune_failed(self, action: str, deployment: Deployment, failed: list[str]) -> None:
+        """DeployError when pruning left something behind (the deployment serves)."""
+        if failed:
+            raise DeployError(
+                f"{action} {deployment.profile}: {deployment.key[:16]} serves, but pruning"
+                f" failed: {'; '.join(failed)}"
+            )
+
+    def diff(self) -> None:
+        """Print what `doit deploy` would change; ChangesPending (exit 5) when anything."""
+        deployment = self.candidate()
+        changes = self._print_changes("diff", deployment, self._earlier())
+        if changes:
+            raise ChangesPending(
+                f"diff {deployment.profile}: {len(changes)} member(s)/object(s) would change;"
+                f" `doit deploy profile={deployment.profile}` applies them"
+            )
 
     def _wait_restored(self, served: str) -> None:
         """Wait for the deployment put back to serve again (a restarted server takes a moment)."""
@@ -316,25 +410,42 @@ class Deploy:
             print(f"status: nothing deployed for {self.profile.name}")
             return
         last = live[-1]
-        deployment = Deployment.from_record(self.profile.name, last["deployment"])
+        deployment = self._kept(last)
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(last["finished"]))
         print(f"status: {self.profile.name}: {last['outcome']} {when} by {last['who']}")
         print(f"  deployment {deployment.key}")
         print(f"  image {deployment.image}")
         print(f"  lock sha256 {last['lock_sha256']}, git {last['git']}")
-        print(f"  :stable at {self.tags.stable_digest()}")
+        print(f"  :stable at {self._stable_now()}")
         for line in self.backend.running(deployment):
             print(f"  {line}")
+        print(f"  doit build now: {self._build_now(deployment)}")
+        drift = self.backend.drift(deployment)
+        for line in summary(drift, "drift since deployed"):
+            print(f"  {line}")
+        if drift:
+            raise Drift(
+                f"status {self.profile.name}: {len(drift)} member(s)/object(s) changed since"
+                f" deployment {deployment.key[:16]} applied them (drift)"
+            )
+
+    def _stable_now(self) -> str:
+        """Where `:stable` points, or why that cannot be told (a registry down must not hide
+        drift from a scheduled status)."""
+        try:
+            return str(self.tags.stable_digest())
+        except PipelineError as err:
+            return f"cannot tell ({err})"
+
+    def _build_now(self, deployment: Deployment) -> str:
+        """Whether what `doit build` renders now is the deployed documents."""
         try:
             if not self.engine.is_done(self.render):
-                print("  doit build now: differs (not rendered yet)")
-                return
+                return "differs (not rendered yet)"
             now = self._documents_key()
         except PipelineError as err:
-            print(f"  doit build now: cannot tell ({err})")
-            return
-        same = "matches" if now == deployment.key else f"differs (would deploy {now[:16]})"
-        print(f"  doit build now: {same}")
+            return f"cannot tell ({err})"
+        return "matches" if now == deployment.key else f"differs (would deploy {now[:16]})"
 
     def stage_ring(self) -> None:
         """Stage the weights on every member of a Docker-host ring: one container per host,
@@ -408,6 +519,20 @@ class Deploy:
         )
         yield side_task(
             "status",
-            "print what is deployed and whether doit build matches it",
+            "print what is deployed, whether doit build matches it, and drift (exit 6)",
             self._backend_built(self.status),
         )
+        yield side_task(
+            "diff",
+            "print what doit deploy would change, field by field (exit 5 when anything)",
+            self._backend_built(self.diff),
+            deps=[self.render.name],
+        )
+
+
+def pruned_fields(pruned: list[Stray], failed: list[str]) -> dict[str, Any]:
+    """What a record keeps of a prune: each deleted stray's entry, and what failed."""
+    fields: dict[str, Any] = {"pruned": [stray.entry for stray in pruned]}
+    if failed:
+        fields["prune_failed"] = failed
+    return fields
