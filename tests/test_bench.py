@@ -123,6 +123,9 @@ def test_without_continuous_usage_the_method_says_it_is_estimated():
     spread.events = [Event(t, None, True, True) for t in (1.0, 1.2, 1.4)]
     assert request_timing(spread).method == FINAL_USAGE
     assert request_timing(spread).output_tokens == 6
+    # The final usage chunk comes after the text: the last token came no later than it.
+    spread.events.append(Event(1.5, 6, False))
+    assert request_timing(spread).e2el == 1.5 and "ends at the usage chunk" in FINAL_USAGE
     bare = RequestRecord(started=0.0)
     bare.events = [Event(t, None, True, True) for t in (1.0, 1.2, 1.4)]
     assert request_timing(bare).method == CHUNKS
@@ -205,7 +208,7 @@ def test_a_failed_request_counts_as_failed_with_its_reason(fault_url, fault, rea
     assert not record.ok and reason in record.error
     summary = summarize([record], duration=1.0)
     assert (summary["completed"], summary["failed"]) == (0, 1)
-    assert reason in summary["errors"][0]
+    assert summary["errors"][0]["count"] == 1 and reason in summary["errors"][0]["reason"]
 
 
 def test_a_busy_server_makes_the_cell_refuse_to_start(sims):

@@ -12,6 +12,7 @@ from pipelines.bench.gate import check_baseline, gate_rows
 from pipelines.bench.load import Cell, CellSpec, run_cell
 from pipelines.bench.needles import FILLER, run_needle
 from pipelines.bench.probes import run_probes
+from pipelines.bench.timing import failure_reasons
 from pipelines.profiles import BaselineSpec, BenchSpec
 
 CODE_TASK = (
@@ -51,8 +52,9 @@ def cell_line(cell: Cell) -> str:
     if cell.refused:
         return f"{cell.name}: refused ({cell.refused})"
     s = cell.summary
+    failed = f": {failure_reasons(s)}" if s["failed"] else ""
     parts = [
-        f"{s['completed']} ok, {s['failed']} failed",
+        f"{s['completed']} ok, {s['failed']} failed{failed}",
         f"{s['output_throughput'] or 0:.1f} tok/s aggregate",
     ]
     if s.get("median_window_tok_s") is not None:
@@ -101,7 +103,7 @@ def run_bench(
         if cell.get("refused"):
             results["failures"].append(f"cell {cell['name']}: refused: {cell['refused']}")
         elif cell["summary"].get("failed"):
-            errors = "; ".join(cell["summary"]["errors"])
+            errors = failure_reasons(cell["summary"])
             results["failures"].append(
                 f"cell {cell['name']}: {cell['summary']['failed']} request(s) failed: {errors}"
             )

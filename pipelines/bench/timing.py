@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 
 from pipelines.bench.record import RequestRecord
 
 CONTINUOUS = "continuous-usage"
-FINAL_USAGE = "final-usage (estimated: no per-chunk usage)"
+FINAL_USAGE = "final-usage (estimated: no per-chunk usage; E2EL ends at the usage chunk)"
 CHUNKS = "chunks (estimated: no usage at all)"
 WINDOW = (129, 641)  # the decode window of one stream: tokens 129..641
 
@@ -55,12 +56,21 @@ def token_arrivals(record: RequestRecord) -> tuple[list[float], str]:
 
 
 def request_timing(record: RequestRecord) -> Timing | None:
-    """A completed request's timings (None when it failed or brought no token)."""
+    """A completed request's timings (None when it failed or brought no token).
+
+    E2EL ends at the last token usage counts, not at the last visible chunk: a server sends
+    tokens with no text (special tokens, part of a UTF-8 character) and usage counts them.
+    Without per-chunk usage it ends at the final usage chunk, when one came after the text.
+    """
     carrying = [e for e in record.events if e.carries]
     if not record.ok or not carrying:
         return None
     arrivals, method = token_arrivals(record)
     ttft, e2el = carrying[0].t, carrying[-1].t
+    if method == CONTINUOUS and arrivals:
+        ttft, e2el = min(ttft, arrivals[0]), arrivals[-1]
+    elif method == FINAL_USAGE:
+        e2el = max([e2el] + [e.t for e in record.events if e.tokens is not None])
     n = len(arrivals)
     tpot = (e2el - ttft) / (n - 1) if n > 1 else None
     ttfc = next((e.t for e in carrying if e.content), None)
@@ -142,7 +152,7 @@ def summarize(records: list[RequestRecord], duration: float) -> dict[str, object
         "min_window_tok_s": min(windows) if windows else None,
         "window_tokens": list(WINDOW),
         "method": methods[0] if len(methods) == 1 else ", ".join(methods) or None,
-        "errors": sorted({r.error for r in records if r.error})[:5],
+        "errors": error_counts(records),
     }
     return summary
 
@@ -162,3 +172,16 @@ def steady_state(records: list[RequestRecord]) -> dict[str, float | None]:
         "steady_end": end,
         "steady_output_throughput": tokens / (end - start),
     }
+
+
+def error_counts(records: list[RequestRecord]) -> list[dict[str, object]]:
+    """Each distinct failure reason with how many requests it failed, most first (up to 5)."""
+    counts = Counter(r.error for r in records if r.error)
+    return [{"reason": reason, "count": n} for reason, n in counts.most_common(5)]
+
+
+def failure_reasons(summary: dict[str, object]) -> str:
+    """The failures of a cell in a few words: `2x HTTP 404: ...; 1x timeout: ...`."""
+    errors = summary.get("errors") or []
+    assert isinstance(errors, list)
+    return "; ".join(f"{e['count']}x {e['reason']}" for e in errors)
