@@ -2,7 +2,8 @@
 every `python -m` entry point runs under.
 
 Exit codes (README, "Exit codes"): 1 a step failed, 2 bad input or configuration, 3 a service
-unreachable or nothing to measure, 4 a gate found a regression, 130 interrupted.
+unreachable or nothing to measure, 4 a gate found a regression, 5 a gate that cannot decide yet
+(inconclusive), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ class Regression(PipelineError):
     """A gate measured and found a metric worse than its baseline allows."""
 
     exit_code = 4
+
+
+class Inconclusive(PipelineError):
+    """A gate measured, found no sure regression, but cannot say the run passed: more runs."""
+
+    exit_code = 5
 
 
 def exit_with(err: PipelineError) -> NoReturn:

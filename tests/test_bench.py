@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,7 +26,15 @@ from pipelines.bench.record import Event, RequestRecord
 from pipelines.bench.report import write_results
 from pipelines.bench.run import cell_line, gate, sweep_body
 from pipelines.bench.sse import EventBuffer, read_chunk
-from pipelines.bench.timing import CHUNKS, CONTINUOUS, FINAL_USAGE, request_timing, summarize
+from pipelines.bench.timing import (
+    CHUNKS,
+    CONTINUOUS,
+    FINAL_USAGE,
+    failure_reasons,
+    request_timing,
+    summarize,
+)
+from pipelines.paths import REPO_ROOT
 from pipelines.profiles import load_profile
 
 # A timing model slow enough that loopback and thread overheads stay far below 2%.
@@ -332,3 +342,77 @@ def test_the_local_baseline_is_the_simulators_own_settings():
     assert base["decode.c1.median_window_tok_s"] == sim.decode_tok_s
     assert base["decode.c8.median_window_tok_s"] == pytest.approx(per_stream_at_8, rel=1e-3)
     assert base["saturation.steady_output_throughput"] == pytest.approx(8 * per_stream_at_8, 1e-3)
+
+
+def bench_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m pipelines.bench ARGS` from the checkout, as a person runs it."""
+    command = [sys.executable, "-m", "pipelines.bench", *args]
+    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_a_cells_line_names_each_failure_reason_with_its_count(sims, fault_url):
+    sim = sims(SIM_TTFT_S="0.01")
+    cell = run_cell(sim.url, CellSpec("c1", 1, 2, sweep_body("nosuch", 16, 8), 30, warmup=0))
+    assert cell_line(cell) == (
+        "c1: 0 ok, 2 failed: 2x HTTP 404: The model `nosuch` does not exist.; 0.0 tok/s aggregate"
+    )
+    records = [stream_chat(fault_url, {"model": m, "messages": []}, 1) for m in
+               ("cut", "error-body", "cut")]  # fmt: skip
+    assert failure_reasons(summarize(records, 1.0)) == (
+        "2x stream ended before [DONE]; 1x error in stream: out of KV cache"
+    )
+
+
+@pytest.mark.parametrize("where", ["nothing listening", "a URL ending in /v1"])
+def test_a_wrong_url_is_said_at_once_and_exits_3(sims, where):
+    sim = sims(SIM_TTFT_S="0.01")
+    url = f"http://127.0.0.1:{unused_port()}" if where == "nothing listening" else f"{sim.url}/v1"
+    started = time.monotonic()
+    result = bench_cli("cell", "--url", url, "--model", "sim", "--max-tokens", "8")
+    assert time.monotonic() - started < 10  # no 30 s idle wait first
+    assert result.returncode == 3 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    if where == "nothing listening":
+        assert line.startswith(f"error: cell c1 not measured: nothing answers at {url}: ")
+    else:
+        assert line == (
+            f"error: cell c1 not measured: {url}/v1/models: HTTP 404: not an OpenAI-compatible"
+            " server's root (give the URL without /v1)"
+        )
+    started = time.monotonic()  # and the pipeline's cells, through run_cell, the same
+    cell = run_cell(url, CellSpec("c1", 1, 1, sweep_body("sim", 16, 8), 30))
+    assert time.monotonic() - started < 5 and cell.refused == line.split("not measured: ")[1]
+    assert sim_truth(sim) == []  # not one chat request
+
+
+def test_failed_requests_exit_3_naming_the_reason_and_a_bad_option_exits_2(sims):
+    sim = sims(SIM_TTFT_S="0.01")
+    wrong = bench_cli(
+        "cell", "--url", sim.url, "--model", "nosuch", "--max-tokens", "8", "--requests", "2"
+    )
+    assert wrong.returncode == 3, wrong.stderr
+    nosuch = "2x HTTP 404: The model `nosuch` does not exist."
+    assert wrong.stdout.startswith(f"c1: 0 ok, 2 failed: {nosuch}; ")
+    assert wrong.stderr == f"error: cell c1: 2 of 2 requests failed: {nosuch}\n"
+    bad = bench_cli("cell", "--url", sim.url, "--model", "sim", "--requests", "0")
+    assert bad.returncode == 2
+    assert bad.stderr == "error: --requests: expected a whole number of 1 or more, got 0\n"
+
+
+def test_prompt_tokens_are_counted_by_the_servers_count_not_in_words():
+    def count(prompt: str) -> int:  # a tokenizer of four characters a token
+        return len(prompt) // 4
+
+    body = sweep_body("m", 256, 8, count)(0)
+    assert 256 - 8 <= count(body["messages"][0]["content"]) <= 256
+
+
+def test_a_dropped_decode_window_says_why():
+    short = RequestRecord(started=0.0, completion_tokens=3)
+    short.events = [Event(0.1 * i, i, True, True) for i in (1, 2, 3)]
+    summary = summarize([short], 1.0)
+    assert summary["median_window_tok_s"] is None
+    assert summary["window_note"] == (
+        "window measured on 0 of 1 requests: it needs 641 output tokens (tokens 129..641),"
+        " the longest brought 3"
+    )

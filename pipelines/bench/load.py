@@ -10,7 +10,12 @@ from typing import Any
 
 from pipelines.bench.client import stream_chat
 from pipelines.bench.record import RequestRecord
-from pipelines.bench.serverview import histogram_means, read_metrics, wait_until_idle
+from pipelines.bench.serverview import (
+    histogram_means,
+    not_serving,
+    read_metrics,
+    wait_until_idle,
+)
 from pipelines.bench.timing import steady_state, summarize
 
 
@@ -78,6 +83,10 @@ def short(body: dict[str, Any], tokens: int = 8) -> dict[str, Any]:
 def run_cell(base_url: str, spec: CellSpec, idle_timeout: float = 30.0) -> Cell:
     """Warm up, wait for an idle server, then measure one cell with the server's view beside."""
     cell = Cell(spec.name, spec.concurrency)
+    # Before any warm-up or idle wait: a wrong URL is said at once, not blamed on /metrics.
+    if why := not_serving(base_url):
+        cell.refused = why
+        return cell
     if spec.warmup:
         # Short requests on every stream, dropped: the server warms up and each stream's
         # kept-alive connection is open, so no measured request pays for a connect.

@@ -8,23 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipelines.bench.failures import BenchError, BenchRegression, NotMeasured
 from pipelines.bench.gate import measured_all, regressed
-from pipelines.errors import BadInput, PipelineError, Regression, Unreachable
+from pipelines.errors import BadInput
 from pipelines.stage import Context
 from pipelines.steps import side_task
-
-
-class BenchError(PipelineError):
-    """A benchmark that could not start, or whose run failed its expectations."""
-
-
-class NotMeasured(BenchError, Unreachable):
-    """Nothing to measure (no deployment, the fabric check refused, the server does not answer),
-    or a run that could not measure everything the gate compares."""
-
-
-class BenchRegression(BenchError, Regression):
-    """Everything measured, and the gate found a metric worse than its baseline allows."""
 
 
 def failure_of(results: dict[str, Any], baseline: list[Any]) -> type[BenchError]:

@@ -104,6 +104,18 @@ def window_rate(arrivals: list[float], window: tuple[int, int] = WINDOW) -> floa
     return (last - first) / span if span > 0 else None
 
 
+def window_note(timings: list[Timing], measured: int) -> str | None:
+    """Why no stream (or not every one) gave a decode window; None when all did."""
+    if measured == len(timings):
+        return None
+    most = max((t.output_tokens for t in timings), default=0)
+    first, last = WINDOW
+    return (
+        f"window measured on {measured} of {len(timings)} requests: it needs {last} output"
+        f" tokens (tokens {first}..{last}), the longest brought {most}"
+    )
+
+
 def percentile(values: list[float], q: float) -> float:
     """The q-th percentile with linear interpolation (numpy's default), q in 0..100."""
     ordered = sorted(values)
@@ -149,6 +161,7 @@ def summarize(records: list[RequestRecord], duration: float) -> dict[str, object
         **distribution("itl", [x for t in timings for x in t.itls]),
         **distribution("e2el", [t.e2el for t in timings]),
         "median_window_tok_s": statistics.median(windows) if windows else None,
+        "window_note": window_note(timings, len(windows)),
         "min_window_tok_s": min(windows) if windows else None,
         "window_tokens": list(WINDOW),
         "method": methods[0] if len(methods) == 1 else ", ".join(methods) or None,
