@@ -111,16 +111,31 @@ def markdown_report(results: dict[str, Any], plots: list[str]) -> str:
                 g["metric"],
                 f"{g['baseline']:g}",
                 f"{g['measured']:.4g}" if g["measured"] is not None else "-",
+                interval_text(g),
                 f"{g['change']:+.1%}" if g["change"] is not None else "-",
                 f"{g['tolerance']:.0%} ({g['better']} is better)",
+                g.get("verdict", ""),
             ]
             for g in results["gate"]
         ]
         lines.append(
-            markdown_table(["metric", "baseline", "measured", "change", "tolerance"], rows)
+            markdown_table(
+                [
+                    "metric",
+                    "baseline",
+                    "measured",
+                    "95% interval",
+                    "change",
+                    "tolerance",
+                    "verdict",
+                ],
+                rows,
+            )
         )
     lines += ["", "Failed expectations:", ""]
     lines += [f"- {f}" for f in results["failures"]] or ["- none"]
+    if results.get("inconclusive"):
+        lines += ["", "Not decided yet:", ""] + [f"- {f}" for f in results["inconclusive"]]
     lines += [""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     return "\n".join(lines) + "\n"
 
@@ -136,9 +151,23 @@ def write_results(folder: Path, results: dict[str, Any]) -> tuple[Path, Path]:
         results["failures"].append(f"plots: {type(err).__name__}: {err}")
         plots = []
     # Set here, not by the gate: a plot that failed is the last failure a run can add.
-    results["verdict"] = "failed" if results["failures"] else "passed"
+    results["verdict"] = (
+        "failed"
+        if results["failures"]
+        else "inconclusive"
+        if results.get("inconclusive")
+        else "passed"
+    )
     data = folder / "results.json"
     write_atomic(data, (json.dumps(results, indent=1, sort_keys=True) + "\n").encode())
     report = folder / "report.md"
     write_atomic(report, markdown_report(results, [str(p) for p in plots]).encode())
     return data, report
+
+
+def interval_text(row: dict[str, Any]) -> str:
+    """A gate row's interval and runs, or '-' when it was not measured."""
+    if not row.get("interval"):
+        return "-"
+    low, high = row["interval"]
+    return f"{low:.4g}..{high:.4g} ({row['runs']} runs)"

@@ -9,8 +9,8 @@ from typing import Any
 
 from pipelines import progress
 from pipelines.bench.failures import NotMeasured
-from pipelines.bench.gate import check_baseline, gate_rows
-from pipelines.bench.load import Cell, CellSpec, run_cell
+from pipelines.bench.gate import check_baseline, gate_rows, inconclusive
+from pipelines.bench.load import Cell, CellSpec, run_repeated
 from pipelines.bench.needles import FILLER, fit_to_length, run_needle, server_counter
 from pipelines.bench.probes import run_probes
 from pipelines.bench.timing import failure_reasons
@@ -120,15 +120,18 @@ def run_bench(
         return results
     for c in bench.concurrency:
         spec = CellSpec(f"c{c}", c, c * bench.requests_per_stream, body, timeout)
-        say(f"decode c{c}: {spec.requests} requests x {bench.max_tokens} tokens, {c} streams")
-        cell = run_cell(base_url, spec)
+        say(
+            f"decode c{c}: {spec.requests} requests x {bench.max_tokens} tokens, {c} streams,"
+            f" {bench.repeats} run(s)"
+        )
+        cell = run_repeated(base_url, spec, bench.repeats)
         results["decode"].append(cell.as_json())
         say(cell_line(cell))
     n, tokens = bench.saturation_streams, bench.saturation_tokens
     say(f"saturation: {n} streams x {tokens} tokens")
     saturating = fitted_sweep_body(base_url, model, bench.prompt_tokens, tokens, timeout)
     spec = CellSpec("saturation", n, n, saturating, timeout)
-    cell = run_cell(base_url, spec)
+    cell = run_repeated(base_url, spec, bench.repeats)
     results["saturation"] = cell.as_json()
     say(cell_line(cell))
     for i, target in enumerate(bench.needles):
@@ -149,8 +152,10 @@ def run_bench(
 
 
 def gate(results: dict[str, Any], baseline: list[BaselineSpec]) -> dict[str, Any]:
-    """Add the gate to the results: its rows and its failures (write_results sets the verdict)."""
+    """Add the gate to the results: its rows, its failures and the metrics it cannot decide
+    yet (write_results sets the verdict)."""
     results["gate"] = gate_rows(results, baseline)
     results["failures"] += check_baseline(results, baseline)
+    results["inconclusive"] = inconclusive(results, baseline)
     results["finished"] = time.time()
     return results

@@ -8,7 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.bench.failures import BenchError, BenchRegression, NotMeasured
+from pipelines.bench.failures import (
+    BenchError,
+    BenchInconclusive,
+    BenchRegression,
+    NotMeasured,
+)
 from pipelines.bench.gate import measured_all, regressed
 from pipelines.errors import BadInput
 from pipelines.stage import Context
@@ -109,6 +114,12 @@ class Bench:
             lines = "\n".join(f"  {f}" for f in results["failures"])
             failure = failure_of(results, self.profile.bench.baseline)
             raise failure(f"bench {self.profile.name} failed (report {report}):\n{lines}")
+        if results["inconclusive"]:
+            lines = "\n".join(f"  {f}" for f in results["inconclusive"])
+            raise BenchInconclusive(
+                f"bench {self.profile.name} inconclusive (report {report}): nothing regressed"
+                f" for sure, but:\n{lines}"
+            )
         say(f"passed the gate ({len(results['gate'])} metrics)")
         say(f"report {report}")
         return report
