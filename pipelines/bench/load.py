@@ -130,6 +130,8 @@ def merged_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if key in SUMMED:
             merged[key] = sum(numbers)
+        elif numbers and len(numbers) == len(values) and len(set(numbers)) == 1:
+            merged[key] = numbers[0]  # the same in every run (concurrency): kept as it is
         elif numbers and len(numbers) == len(values):
             merged[key] = sum(numbers) / len(numbers)
         else:

@@ -110,6 +110,7 @@ class Bench:
         data, report = write_results(folder, results)
         print(decode_table(results))
         say(f"results {data}")
+        say(f"page {data.parent / 'report.html'} (and cells.csv, requests.csv)")
         if results["failures"]:
             lines = "\n".join(f"  {f}" for f in results["failures"])
             failure = failure_of(results, self.profile.bench.baseline)
