@@ -3,12 +3,15 @@
     python -m pipelines.bench cell --url http://127.0.0.1:8000 --model NAME --concurrency 8 \\
         --requests 16 --max-tokens 768 --prompt-tokens 256 --out cell.json
     python -m pipelines.bench probes --url ... --model NAME
+    python -m pipelines.bench compare RUN_A RUN_B
 
 `cell` writes one closed-loop cell's summary under vLLM's key names at the top level, with
 the raw per-request timings under `requests`; `probes` prints the correctness probes.
 `--prompt-tokens` is the server's own count (its /tokenize, else a one-token request's usage).
-Exit codes: 2 a bad option, 3 nothing measured whole (no server at the URL, a refused cell,
-failed requests: each reason with its count), 1 a probe that failed.
+`compare` prints what changed between two runs (their folders under <store>/bench/<profile>/):
+each cell figure's mean and 95% interval over the runs, and each gated metric's verdict.
+Exit codes: 2 a bad option or a run that cannot be read, 3 nothing measured whole (no server
+at the URL, a refused cell, failed requests: each reason with its count), 1 a probe that failed.
 """
 
 from __future__ import annotations
@@ -44,7 +47,17 @@ def main(argv: list[str] | None = None) -> int:
     cell.add_argument("--warmup", type=int, default=1)
     cell.add_argument("--out", type=Path, help="write the cell's JSON here")
     probes.add_argument("--min-context", type=int, default=0)
+    compare = sub.add_parser("compare", help="what changed between two runs")
+    compare.add_argument("runs", nargs=2, type=Path, metavar="RUN", help="a run's folder")
     args = parser.parse_args(argv)
+    if args.command == "compare":
+        from pipelines.bench.history import compare_lines, read_entry
+
+        a, b = (read_entry(run) for run in args.runs)
+        print(f"{args.runs[0]} ({a.verdict}) -> {args.runs[1]} ({b.verdict})")
+        for line in compare_lines(a, b):
+            print(line)
+        return 0
     url = args.url.rstrip("/")
     if args.command == "probes":
         results = run_probes(url, args.model, args.min_context, args.timeout)

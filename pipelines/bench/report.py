@@ -151,6 +151,7 @@ def write_results(folder: Path, results: dict[str, Any]) -> tuple[Path, Path]:
     """results.json, report.md, report.html and the CSVs (with the plots and the final
     verdict) in folder; the paths of the JSON and of report.md."""
     folder.mkdir(parents=True, exist_ok=True)
+    from pipelines.bench.history import write_index
     from pipelines.bench.page import page_files
     from pipelines.bench.plots import plot_results
 
@@ -172,6 +173,7 @@ def write_results(folder: Path, results: dict[str, Any]) -> tuple[Path, Path]:
     write_atomic(report, markdown_report(results, [str(p) for p in plots]).encode())
     for name, content in page.items():
         write_atomic(folder / name, content)
+    write_index(folder, results)  # last: an indexed run is a whole one
     return data, report
 
 

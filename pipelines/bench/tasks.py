@@ -19,6 +19,8 @@ from pipelines.errors import BadInput
 from pipelines.stage import Context
 from pipelines.steps import side_task
 
+HISTORY_DEPLOYMENTS = 10  # deployments on the history plot
+
 
 def failure_of(results: dict[str, Any], baseline: list[Any]) -> type[BenchError]:
     """What a failed run says to CI: measured nothing sure (3), a regression (4), else 1."""
@@ -133,10 +135,33 @@ class Bench:
             return engine.max_model_len
         return p.sglang.context_length if p.sglang else 0
 
+    def history(self) -> Path:
+        """history.png: each gated metric over the last deployments' bench runs."""
+        from pipelines.bench.history import write_history
+        from pipelines.bench.run import say
+
+        area = self.engine.store.area("bench") / self.profile.name
+        path, skipped = write_history(area, self.profile.name, HISTORY_DEPLOYMENTS)
+        for line in skipped:
+            say(f"left out: {line}")
+        if path is None:
+            raise NotMeasured(
+                f"profile {self.profile.name}: no bench run in {area}; run `doit bench"
+                f" profile={self.profile.name}` first"
+            )
+        say(f"history {path}")
+        return path
+
     def create_doit_tasks(self) -> Iterator[dict[str, Any]]:
-        """bench: runs when asked, against what is deployed (never deploys itself)."""
+        """bench: runs when asked, against what is deployed (never deploys itself);
+        bench_history: plots the runs of the last deployments."""
         yield side_task(
             "bench",
             "measure the deployed endpoint (probes, sweep, saturation, needles) and gate it",
             self.run,
+        )
+        yield side_task(
+            "bench_history",
+            f"plot each gated metric over the last {HISTORY_DEPLOYMENTS} deployments' bench runs",
+            self.history,
         )
