@@ -21,7 +21,7 @@ from pipelines.bench.client import stream_chat
 from pipelines.bench.gate import check_baseline
 from pipelines.bench.load import CellSpec, run_cell
 from pipelines.bench.needles import fit_to_length, needle_prompt, server_counter
-from pipelines.bench.probes import run_probes
+from pipelines.bench.probes import probe_thinking, run_probes
 from pipelines.bench.record import Event, RequestRecord
 from pipelines.bench.report import write_results
 from pipelines.bench.run import cell_line, gate, sweep_body
@@ -32,6 +32,7 @@ from pipelines.bench.timing import (
     FINAL_USAGE,
     failure_reasons,
     request_timing,
+    steady_state,
     summarize,
 )
 from pipelines.paths import REPO_ROOT
@@ -177,6 +178,10 @@ class FaultServer(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
+        if fault == "think-in-content":  # a server without a reasoning parser
+            self.wfile.write(b'data: {"choices":[{"delta":{"content":"<think>19+23</think>42"}}'
+                             b'],"usage":{"completion_tokens":9}}\n\ndata: [DONE]\n\n')  # fmt: skip
+            return
         self.wfile.write(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n')
         self.wfile.flush()
         if fault == "error-body":
@@ -416,3 +421,28 @@ def test_a_dropped_decode_window_says_why():
         "window measured on 0 of 1 requests: it needs 641 output tokens (tokens 129..641),"
         " the longest brought 3"
     )
+
+
+def test_a_thinking_probe_that_fails_says_the_server_lacks_a_reasoning_parser(fault_url):
+    probe = probe_thinking(fault_url, "think-in-content", 5)
+    assert not probe.passed
+    assert probe.detail == (
+        "reasoning_tokens None, reasoning 0 chars; the thinking came inside the content"
+        " (<think>...</think>): the server has no reasoning parser (vLLM --reasoning-parser,"
+        " SGLang --reasoning-parser)"
+    )
+
+
+def test_steady_state_is_measured_over_the_first_wave_when_requests_exceed_streams():
+    def request(started: float, ttft: float) -> RequestRecord:
+        record = RequestRecord(started=started, completion_tokens=10)
+        record.events = [Event(ttft + i * 0.25, i + 1, True, True) for i in range(10)]
+        return record  # ten tokens, a quarter second apart (exact in binary)
+
+    # Two streams, four requests: each stream's second request starts when its first ends.
+    records = [request(0.0, 0.25), request(0.0, 0.5), request(2.5, 0.25), request(2.75, 0.25)]
+    steady = steady_state(records, concurrency=2)
+    assert (steady["steady_start"], steady["steady_end"]) == (0.5, 2.5)
+    # In 0.5..2.5: tokens 2..10 of the first and 1..9 of the second; none of the later two.
+    assert steady["steady_output_throughput"] == 18 / 2.0
+    assert steady_state(records)["steady_output_throughput"] is None  # over all: no span

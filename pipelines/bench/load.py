@@ -111,7 +111,7 @@ def run_cell(base_url: str, spec: CellSpec, idle_timeout: float = 30.0) -> Cell:
     cell.summary = {
         "concurrency": spec.concurrency,
         **summarize(cell.records, duration),
-        **steady_state(cell.records),
+        **steady_state(cell.records, spec.concurrency),
         **histogram_means(before, after),
     }
     return cell

@@ -170,13 +170,32 @@ def summarize(records: list[RequestRecord], duration: float) -> dict[str, object
     return summary
 
 
-def steady_state(records: list[RequestRecord]) -> dict[str, float | None]:
-    """SGLang's steady state: last first-token to first finish; tokens arriving in it per s."""
+def steady_state(
+    records: list[RequestRecord], concurrency: int | None = None
+) -> dict[str, float | None]:
+    """SGLang's steady state: last first-token to first finish; tokens arriving in it per s.
+
+    With more requests than streams (closed loop), over the first wave: the first
+    `concurrency` requests sent, when every stream decodes at once; tokens of later requests
+    that arrive in that span count too.
+    """
     timings = [(r, t) for r in records if (t := request_timing(r)) is not None]
+    if concurrency and len(timings) > concurrency:
+        wave = sorted(timings, key=lambda rt: rt[0].started)[:concurrency]
+        start = max(r.started + t.ttft for r, t in wave)
+        end = min(r.started + t.e2el for r, t in wave)
+        return steady_over(timings, start, end)
     if len(timings) < 2:
         return {"steady_start": None, "steady_end": None, "steady_output_throughput": None}
     start = max(r.started + t.ttft for r, t in timings)
     end = min(r.started + t.e2el for r, t in timings)
+    return steady_over(timings, start, end)
+
+
+def steady_over(
+    timings: list[tuple[RequestRecord, Timing]], start: float, end: float
+) -> dict[str, float | None]:
+    """The steady span's ends and the tokens per second that arrived within it."""
     if end <= start:
         return {"steady_start": start, "steady_end": end, "steady_output_throughput": None}
     tokens = sum(1 for r, t in timings for a in t.arrivals if start <= r.started + a <= end)
