@@ -355,6 +355,7 @@ def bench_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.stack  # a simulator (and commands): seconds, not the fast lane
 def test_a_cells_line_names_each_failure_reason_with_its_count(sims, fault_url):
     sim = sims(SIM_TTFT_S="0.01")
     cell = run_cell(sim.url, CellSpec("c1", 1, 2, sweep_body("nosuch", 16, 8), 30, warmup=0))
@@ -368,6 +369,7 @@ def test_a_cells_line_names_each_failure_reason_with_its_count(sims, fault_url):
     )
 
 
+@pytest.mark.stack  # a simulator (and commands): seconds, not the fast lane
 @pytest.mark.parametrize("where", ["nothing listening", "a URL ending in /v1"])
 def test_a_wrong_url_is_said_at_once_and_exits_3(sims, where):
     sim = sims(SIM_TTFT_S="0.01")
@@ -390,6 +392,7 @@ def test_a_wrong_url_is_said_at_once_and_exits_3(sims, where):
     assert sim_truth(sim) == []  # not one chat request
 
 
+@pytest.mark.stack  # a simulator (and commands): seconds, not the fast lane
 def test_failed_requests_exit_3_naming_the_reason_and_a_bad_option_exits_2(sims):
     sim = sims(SIM_TTFT_S="0.01")
     wrong = bench_cli(
