@@ -2,8 +2,9 @@
 every `python -m` entry point runs under.
 
 Exit codes (README, "Exit codes"): 1 a step failed, 2 bad input or configuration, 3 a service
-unreachable or nothing to measure, 4 a gate found a regression, 5 `doit diff` found changes a
-deploy would make, 6 `doit status` found drift, 130 interrupted.
+unreachable or nothing to measure, 4 a gate found a regression, 5 a gate that cannot decide yet
+(inconclusive), 6 `doit diff` found changes a deploy would make, 7 `doit status` found drift,
+130 interrupted.
 """
 
 from __future__ import annotations
@@ -48,16 +49,22 @@ class Regression(PipelineError):
     exit_code = 4
 
 
+class Inconclusive(PipelineError):
+    """A gate measured, found no sure regression, but cannot say the run passed: more runs."""
+
+    exit_code = 5
+
+
 class ChangesPending(PipelineError):
     """`doit diff`: a deploy now would change something (as terraform's -detailed-exitcode)."""
 
-    exit_code = 5
+    exit_code = 6
 
 
 class Drift(PipelineError):
     """`doit status`: what runs was changed since the last deployment applied it."""
 
-    exit_code = 6
+    exit_code = 7
 
 
 def exit_with(err: PipelineError) -> NoReturn:

@@ -164,9 +164,11 @@ class SimulatorSpec(Strict, frozen=True, kw_only=True):
     decode_tok_s: Annotated[float, Meta(gt=0)]
     # TTFT = ttft_s + prompt tokens / prefill_tok_s; one stream's decode rate with c running is
     # decode_tok_s / c ** decode_falloff; tokens_per_chunk > 1 streams as speculative decoding
-    # does; empty_chunks puts a content-less chunk between token chunks.
+    # does; empty_chunks puts a content-less chunk between token chunks; decode_jitter j gives
+    # each request its own pace, a factor in [1 - j, 1 + j] on its token intervals (noise).
     prefill_tok_s: Annotated[float, Meta(gt=0)] = 20000.0
     decode_falloff: Annotated[float, Meta(ge=0)] = 0.0
+    decode_jitter: Annotated[float, Meta(ge=0, le=0.9)] = 0.0
     tokens_per_chunk: Count = 1
     empty_chunks: bool = False
 
@@ -190,6 +192,8 @@ class BenchSpec(Strict, frozen=True, kw_only=True):
         default_factory=lambda: [1, 2, 4, 8]
     )
     requests_per_stream: Count = 1
+    # Runs of each cell: the gate reads a bootstrap 95% interval over them (1: one number).
+    repeats: Count = 3
     prompt_tokens: Count = 256
     # Output tokens per sweep request; the decode window is tokens 129-641, so at least 641.
     max_tokens: Annotated[int, Meta(ge=641)] = 768

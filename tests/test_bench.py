@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,12 +21,21 @@ from pipelines.bench.client import stream_chat
 from pipelines.bench.gate import check_baseline
 from pipelines.bench.load import CellSpec, run_cell
 from pipelines.bench.needles import fit_to_length, needle_prompt, server_counter
-from pipelines.bench.probes import run_probes
+from pipelines.bench.probes import probe_thinking, run_probes
 from pipelines.bench.record import Event, RequestRecord
 from pipelines.bench.report import write_results
 from pipelines.bench.run import cell_line, gate, sweep_body
 from pipelines.bench.sse import EventBuffer, read_chunk
-from pipelines.bench.timing import CHUNKS, CONTINUOUS, FINAL_USAGE, request_timing, summarize
+from pipelines.bench.timing import (
+    CHUNKS,
+    CONTINUOUS,
+    FINAL_USAGE,
+    failure_reasons,
+    request_timing,
+    steady_state,
+    summarize,
+)
+from pipelines.paths import REPO_ROOT
 from pipelines.profiles import load_profile
 
 # A timing model slow enough that loopback and thread overheads stay far below 2%.
@@ -123,6 +134,9 @@ def test_without_continuous_usage_the_method_says_it_is_estimated():
     spread.events = [Event(t, None, True, True) for t in (1.0, 1.2, 1.4)]
     assert request_timing(spread).method == FINAL_USAGE
     assert request_timing(spread).output_tokens == 6
+    # The final usage chunk comes after the text: the last token came no later than it.
+    spread.events.append(Event(1.5, 6, False))
+    assert request_timing(spread).e2el == 1.5 and "ends at the usage chunk" in FINAL_USAGE
     bare = RequestRecord(started=0.0)
     bare.events = [Event(t, None, True, True) for t in (1.0, 1.2, 1.4)]
     assert request_timing(bare).method == CHUNKS
@@ -164,6 +178,10 @@ class FaultServer(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
+        if fault == "think-in-content":  # a server without a reasoning parser
+            self.wfile.write(b'data: {"choices":[{"delta":{"content":"<think>19+23</think>42"}}'
+                             b'],"usage":{"completion_tokens":9}}\n\ndata: [DONE]\n\n')  # fmt: skip
+            return
         self.wfile.write(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n')
         self.wfile.flush()
         if fault == "error-body":
@@ -205,7 +223,7 @@ def test_a_failed_request_counts_as_failed_with_its_reason(fault_url, fault, rea
     assert not record.ok and reason in record.error
     summary = summarize([record], duration=1.0)
     assert (summary["completed"], summary["failed"]) == (0, 1)
-    assert reason in summary["errors"][0]
+    assert summary["errors"][0]["count"] == 1 and reason in summary["errors"][0]["reason"]
 
 
 def test_a_busy_server_makes_the_cell_refuse_to_start(sims):
@@ -329,3 +347,105 @@ def test_the_local_baseline_is_the_simulators_own_settings():
     assert base["decode.c1.median_window_tok_s"] == sim.decode_tok_s
     assert base["decode.c8.median_window_tok_s"] == pytest.approx(per_stream_at_8, rel=1e-3)
     assert base["saturation.steady_output_throughput"] == pytest.approx(8 * per_stream_at_8, 1e-3)
+
+
+def bench_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m pipelines.bench ARGS` from the checkout, as a person runs it."""
+    command = [sys.executable, "-m", "pipelines.bench", *args]
+    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.stack  # a simulator (and commands): seconds, not the fast lane
+def test_a_cells_line_names_each_failure_reason_with_its_count(sims, fault_url):
+    sim = sims(SIM_TTFT_S="0.01")
+    cell = run_cell(sim.url, CellSpec("c1", 1, 2, sweep_body("nosuch", 16, 8), 30, warmup=0))
+    assert cell_line(cell) == (
+        "c1: 0 ok, 2 failed: 2x HTTP 404: The model `nosuch` does not exist.; 0.0 tok/s aggregate"
+    )
+    records = [stream_chat(fault_url, {"model": m, "messages": []}, 1) for m in
+               ("cut", "error-body", "cut")]  # fmt: skip
+    assert failure_reasons(summarize(records, 1.0)) == (
+        "2x stream ended before [DONE]; 1x error in stream: out of KV cache"
+    )
+
+
+@pytest.mark.stack  # a simulator (and commands): seconds, not the fast lane
+@pytest.mark.parametrize("where", ["nothing listening", "a URL ending in /v1"])
+def test_a_wrong_url_is_said_at_once_and_exits_3(sims, where):
+    sim = sims(SIM_TTFT_S="0.01")
+    url = f"http://127.0.0.1:{unused_port()}" if where == "nothing listening" else f"{sim.url}/v1"
+    started = time.monotonic()
+    result = bench_cli("cell", "--url", url, "--model", "sim", "--max-tokens", "8")
+    assert time.monotonic() - started < 10  # no 30 s idle wait first
+    assert result.returncode == 3 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    if where == "nothing listening":
+        assert line.startswith(f"error: cell c1 not measured: nothing answers at {url}: ")
+    else:
+        assert line == (
+            f"error: cell c1 not measured: {url}/v1/models: HTTP 404: not an OpenAI-compatible"
+            " server's root (give the URL without /v1)"
+        )
+    started = time.monotonic()  # and the pipeline's cells, through run_cell, the same
+    cell = run_cell(url, CellSpec("c1", 1, 1, sweep_body("sim", 16, 8), 30))
+    assert time.monotonic() - started < 5 and cell.refused == line.split("not measured: ")[1]
+    assert sim_truth(sim) == []  # not one chat request
+
+
+@pytest.mark.stack  # a simulator (and commands): seconds, not the fast lane
+def test_failed_requests_exit_3_naming_the_reason_and_a_bad_option_exits_2(sims):
+    sim = sims(SIM_TTFT_S="0.01")
+    wrong = bench_cli(
+        "cell", "--url", sim.url, "--model", "nosuch", "--max-tokens", "8", "--requests", "2"
+    )
+    assert wrong.returncode == 3, wrong.stderr
+    nosuch = "2x HTTP 404: The model `nosuch` does not exist."
+    assert wrong.stdout.startswith(f"c1: 0 ok, 2 failed: {nosuch}; ")
+    assert wrong.stderr == f"error: cell c1: 2 of 2 requests failed: {nosuch}\n"
+    bad = bench_cli("cell", "--url", sim.url, "--model", "sim", "--requests", "0")
+    assert bad.returncode == 2
+    assert bad.stderr == "error: --requests: expected a whole number of 1 or more, got 0\n"
+
+
+def test_prompt_tokens_are_counted_by_the_servers_count_not_in_words():
+    def count(prompt: str) -> int:  # a tokenizer of four characters a token
+        return len(prompt) // 4
+
+    body = sweep_body("m", 256, 8, count)(0)
+    assert 256 - 8 <= count(body["messages"][0]["content"]) <= 256
+
+
+def test_a_dropped_decode_window_says_why():
+    short = RequestRecord(started=0.0, completion_tokens=3)
+    short.events = [Event(0.1 * i, i, True, True) for i in (1, 2, 3)]
+    summary = summarize([short], 1.0)
+    assert summary["median_window_tok_s"] is None
+    assert summary["window_note"] == (
+        "window measured on 0 of 1 requests: it needs 641 output tokens (tokens 129..641),"
+        " the longest brought 3"
+    )
+
+
+def test_a_thinking_probe_that_fails_says_the_server_lacks_a_reasoning_parser(fault_url):
+    probe = probe_thinking(fault_url, "think-in-content", 5)
+    assert not probe.passed
+    assert probe.detail == (
+        "reasoning_tokens None, reasoning 0 chars; the thinking came inside the content"
+        " (<think>...</think>): the server has no reasoning parser (vLLM --reasoning-parser,"
+        " SGLang --reasoning-parser)"
+    )
+
+
+def test_steady_state_is_measured_over_the_first_wave_when_requests_exceed_streams():
+    def request(started: float, ttft: float) -> RequestRecord:
+        record = RequestRecord(started=started, completion_tokens=10)
+        record.events = [Event(ttft + i * 0.25, i + 1, True, True) for i in range(10)]
+        return record  # ten tokens, a quarter second apart (exact in binary)
+
+    # Two streams, four requests: each stream's second request starts when its first ends.
+    records = [request(0.0, 0.25), request(0.0, 0.5), request(2.5, 0.25), request(2.75, 0.25)]
+    steady = steady_state(records, concurrency=2)
+    assert (steady["steady_start"], steady["steady_end"]) == (0.5, 2.5)
+    # In 0.5..2.5: tokens 2..10 of the first and 1..9 of the second; none of the later two.
+    assert steady["steady_output_throughput"] == 18 / 2.0
+    assert steady_state(records)["steady_output_throughput"] is None  # over all: no span

@@ -9,17 +9,26 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from pipelines.bench.client import stream_chat
+from pipelines.bench.client import stream_chat, take_chunk
 from pipelines.bench.probes import WEATHER_TOOL, chat, probe_models, probe_thinking, probe_tool_call
+from pipelines.bench.record import RequestRecord
+from pipelines.bench.run import sweep_body
 from pipelines.bench.serverview import HISTOGRAMS, RUNNING, WAITING, load_of, read_metrics
+from pipelines.bench.sse import DONE, EventBuffer, read_chunk
 from pipelines.bench.timing import CONTINUOUS, request_timing
 
 VLLM = Path(__file__).parent / "data" / "vllm"
+# A bench-shaped stream from a slower (79M) random Llama whose last chunk brings 43 tokens and
+# no text (the server held back part of a UTF-8 character), each event's arrival, and the
+# server's own E2EL and TPOT for it from /metrics.
+TAIL = (VLLM / "empty-tail.sse").read_bytes().split(b"\n\n")[:-1]
+TAIL_TIMES = json.loads((VLLM / "empty-tail.json").read_text())
 
 
 class Replay(http.server.BaseHTTPRequestHandler):
@@ -39,13 +48,19 @@ class Replay(http.server.BaseHTTPRequestHandler):
             self.reply(400, "application/json", (VLLM / "too-long.json").read_bytes())
             return
         events = (VLLM / ("tool-named.sse" if body.get("tools") else "reasoning.sse")).read_bytes()
+        times = [0.0] * events.count(b"\n\n")
+        if body.get("ignore_eos"):  # the decode sweep's request: the timed stream, paced
+            events, times = b"\n\n".join(TAIL) + b"\n\n", TAIL_TIMES["offsets_s"]
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        for event in events.split(b"\n\n")[:-1]:
+        start = time.perf_counter()
+        for event, at in zip(events.split(b"\n\n")[:-1], times, strict=True):
             data = event + b"\n\n"
+            time.sleep(max(0.0, at - (time.perf_counter() - start)))
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
         self.wfile.write(b"0\r\n\r\n")
 
     def reply(self, status: int, kind: str, data: bytes) -> None:
@@ -108,3 +123,33 @@ def test_the_gauges_and_histograms_the_bench_reads_are_real_vllm_metrics(vllm):
         assert any(f"{n}_sum" in metrics.values and f"{n}_count" in metrics.values
                    for n in vllm_names), names  # fmt: skip
     assert metrics.values["vllm:e2e_request_latency_seconds_count"] == 2  # the two streams
+
+
+def recorded_tail() -> RequestRecord:
+    """The recorded stream read by the bench's own parser, each event at its recorded time."""
+    record, events = RequestRecord(started=0.0), EventBuffer()
+    for event, at in zip(TAIL, TAIL_TIMES["offsets_s"], strict=True):
+        for payload in events.feed(event + b"\n\n"):
+            if payload != DONE:
+                take_chunk(record, read_chunk(payload), at)
+    return record
+
+
+def test_a_stream_ending_in_tokens_without_text_is_timed_to_its_last_token():
+    record, server = recorded_tail(), TAIL_TIMES["server"]
+    last = record.events[-2]  # the finish chunk: 43 tokens, no text; then usage alone
+    assert (last.tokens, last.carries, record.completion_tokens) == (102, False, 102)
+    timing = request_timing(record)
+    assert timing.output_tokens == server["completion_tokens"] == 102
+    assert timing.e2el == pytest.approx(server["e2e_s"], rel=0.005)
+    assert timing.tpot == pytest.approx(server["tpot_s"], rel=0.005)
+
+
+@pytest.mark.timing
+def test_the_replayed_stream_over_http_matches_the_servers_e2el_and_tpot(vllm):
+    body = sweep_body("tiny", 32, 102)(0)
+    record = stream_chat(vllm, body, 30)
+    timing, server = request_timing(record), TAIL_TIMES["server"]
+    assert record.ok and timing.output_tokens == 102
+    assert timing.e2el == pytest.approx(server["e2e_s"], rel=0.005)
+    assert timing.tpot == pytest.approx(server["tpot_s"], rel=0.005)

@@ -41,7 +41,7 @@ def test_diff_of_a_changed_env_names_the_field_exits_5_and_touches_nothing(world
     result = with_profile(world, changed, "diff")
 
     print(result.stdout + result.stderr)  # as the user sees it (`pytest -rP` shows it)
-    assert result.returncode == 5, result.stdout + result.stderr
+    assert result.returncode == 6, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     name = f"sparkforge-{world['name']}-0"
     assert any(
@@ -83,7 +83,7 @@ def test_status_names_a_container_restarted_with_another_image_and_exits_6(world
         member(docker_client, world["name"]).remove(force=True)  # the next deploy makes it anew
 
     print(result.stdout + result.stderr)
-    assert result.returncode == 6, result.stdout + result.stderr
+    assert result.returncode == 7, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert any(
         line.startswith("    member localhost (") and line.endswith(": changed since deployed")
@@ -106,7 +106,7 @@ def test_a_ring_with_a_member_removed_prunes_exactly_its_container_and_rollback_
     where = f"container {dropped.name} on {stack.docker_hosts[1]}"
 
     plan = with_profile(ring, smaller, "diff")
-    assert plan.returncode == 5, plan.stdout + plan.stderr
+    assert plan.returncode == 6, plan.stdout + plan.stderr
     assert f"  {where}: delete (prune)" in plan.stdout.splitlines()
     kept_plan = with_profile(ring, smaller, "diff", "prune=no")
     assert f"  {where}: keep (prune=no)" in kept_plan.stdout.splitlines()

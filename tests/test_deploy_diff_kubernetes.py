@@ -67,7 +67,7 @@ def test_diff_names_each_field_a_new_image_changes_and_writes_nothing(world, cap
     capsys.readouterr()
     pending = diff(stage)
     out = capsys.readouterr().out
-    assert pending is not None and pending.exit_code == 5
+    assert pending is not None and pending.exit_code == 6
     assert str(pending).startswith("diff tp3-ring: 7 member(s)/object(s) would change;")
     # The group as the dry run merged it; each Job against the rendered one (it is replaced).
     assert f'      spec.image: "{IMAGE_A}" -> "{IMAGE_B}"' in out.splitlines()
@@ -186,7 +186,7 @@ def test_status_names_a_field_edited_by_hand_and_exits_with_drift(world, capsys)
             stage.status()
         finally:
             stage.backend.close()
-    assert err.value.exit_code == 6
+    assert err.value.exit_code == 7
     assert str(err.value).startswith("status tp3-ring: 1 member(s)/object(s) changed since")
     out = capsys.readouterr().out.splitlines()
     assert "    InferenceService/dsv41-flash in dsv41: changed since deployed" in out

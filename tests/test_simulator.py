@@ -431,6 +431,7 @@ def test_rendered_launch_plan_sets_every_timing_field_the_server_reads() -> None
     assert env["SIM_MAX_RUNNING"] == str(sim.max_running_requests)
     assert float(env["SIM_PREFILL_TOK_S"]) == sim.prefill_tok_s
     assert float(env["SIM_DECODE_FALLOFF"]) == sim.decode_falloff
+    assert float(env["SIM_DECODE_JITTER"]) == sim.decode_jitter
     assert int(env["SIM_TOKENS_PER_CHUNK"]) == sim.tokens_per_chunk
     assert env["SIM_EMPTY_CHUNKS"] == ("1" if sim.empty_chunks else "0")
 

@@ -4,6 +4,7 @@ Other stages use nothing from here; dodo.py builds it last, from deploy's `live(
 fabric's verdict.
 """
 
-from pipelines.bench.tasks import Bench, BenchError, BenchSettings
+from pipelines.bench.failures import BenchError
+from pipelines.bench.tasks import Bench, BenchSettings
 
 __all__ = ["Bench", "BenchError", "BenchSettings"]

@@ -40,8 +40,7 @@ def stream_chat(base_url: str, body: dict[str, Any], timeout: float) -> RequestR
     clean = False
     try:
         if response.status != 200:
-            said = response.read()[:300].decode(errors="replace")
-            record.error = f"HTTP {response.status}: {said}"
+            record.error = f"HTTP {response.status}: {error_message(response.read(65536))}"
             clean = True
         else:
             clean = read_stream(response, record, origin, timeout)
@@ -123,3 +122,19 @@ def reason_of(err: Exception) -> str:
     """The innermost reason of a urllib3 error, in a few words."""
     reason = getattr(err, "reason", None) or err
     return str(reason)[:200]
+
+
+def error_message(body: bytes) -> str:
+    """What an error answer says: its JSON `error.message` (OpenAI, vLLM), `detail` or
+    `message`, else the start of the body as text; on one line."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    said: Any = None
+    if isinstance(data, dict):
+        said = data.get("error") or data.get("detail") or data.get("message")
+        if isinstance(said, dict):
+            said = said.get("message") or said.get("detail")
+    text = str(said) if said else body[:300].decode(errors="replace")
+    return " ".join(text.split())[:300]

@@ -87,6 +87,17 @@ def probe_thinking(base_url: str, model: str, timeout: float) -> Probe:
     reasoning = r.reasoning_tokens or 0
     passed = r.ok and (reasoning > 0 or bool(r.reasoning))
     seen = r.error or f"reasoning_tokens {r.reasoning_tokens}, reasoning {len(r.reasoning)} chars"
+    if r.ok and not passed:
+        # The usual cause: no reasoning parser, so the thinking stays in the content (or the
+        # template ignores the thinking switch and none comes).
+        inline = "</think>" in r.content or "<think>" in r.content
+        seen += (
+            "; the thinking came inside the content (<think>...</think>): the server has no"
+            " reasoning parser (vLLM --reasoning-parser, SGLang --reasoning-parser)"
+            if inline
+            else "; no reasoning at all: does the server run a reasoning parser, and does the"
+            " chat template honour thinking/enable_thinking?"
+        )
     return Probe("thinking", passed, seen)
 
 

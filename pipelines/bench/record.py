@@ -53,3 +53,23 @@ class RequestRecord:
         data["content"] = self.content[:200]
         data["reasoning"] = self.reasoning[:200]
         return data
+
+
+def record_from_json(data: dict[str, Any]) -> RequestRecord:
+    """A request back from the run's JSON (its texts cut to 200 characters there)."""
+
+    def whole(key: str) -> int | None:
+        value = data.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    record = RequestRecord(started=float(data.get("started") or 0.0), status=whole("status"))
+    record.events = [
+        Event(float(t), tokens, bool(carries), bool(content))
+        for t, tokens, carries, content in data.get("events") or []
+    ]
+    record.error = str(data["error"]) if data.get("error") is not None else None
+    record.prompt_tokens, record.completion_tokens = (
+        whole("prompt_tokens"),
+        whole("completion_tokens"),
+    )
+    return record

@@ -111,23 +111,48 @@ def markdown_report(results: dict[str, Any], plots: list[str]) -> str:
                 g["metric"],
                 f"{g['baseline']:g}",
                 f"{g['measured']:.4g}" if g["measured"] is not None else "-",
+                interval_text(g),
                 f"{g['change']:+.1%}" if g["change"] is not None else "-",
                 f"{g['tolerance']:.0%} ({g['better']} is better)",
+                g.get("verdict", ""),
             ]
             for g in results["gate"]
         ]
         lines.append(
-            markdown_table(["metric", "baseline", "measured", "change", "tolerance"], rows)
+            markdown_table(
+                [
+                    "metric",
+                    "baseline",
+                    "measured",
+                    "95% interval",
+                    "change",
+                    "tolerance",
+                    "verdict",
+                ],
+                rows,
+            )
         )
     lines += ["", "Failed expectations:", ""]
     lines += [f"- {f}" for f in results["failures"]] or ["- none"]
+    if results.get("inconclusive"):
+        lines += ["", "Not decided yet:", ""] + [f"- {f}" for f in results["inconclusive"]]
     lines += [""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     return "\n".join(lines) + "\n"
 
 
+def verdict_of(results: dict[str, Any]) -> str:
+    """failed (a failure), inconclusive (the gate cannot decide yet), else passed."""
+    if results["failures"]:
+        return "failed"
+    return "inconclusive" if results.get("inconclusive") else "passed"
+
+
 def write_results(folder: Path, results: dict[str, Any]) -> tuple[Path, Path]:
-    """results.json and report.md (with the plots and the final verdict) in folder; paths."""
+    """results.json, report.md, report.html and the CSVs (with the plots and the final
+    verdict) in folder; the paths of the JSON and of report.md."""
     folder.mkdir(parents=True, exist_ok=True)
+    from pipelines.bench.history import write_index
+    from pipelines.bench.page import page_files
     from pipelines.bench.plots import plot_results
 
     try:
@@ -136,9 +161,25 @@ def write_results(folder: Path, results: dict[str, Any]) -> tuple[Path, Path]:
         results["failures"].append(f"plots: {type(err).__name__}: {err}")
         plots = []
     # Set here, not by the gate: a plot that failed is the last failure a run can add.
-    results["verdict"] = "failed" if results["failures"] else "passed"
+    results["verdict"] = verdict_of(results)
+    try:
+        page = page_files(results)
+    except Exception as err:  # noqa: BLE001 - nor a page that fails
+        results["failures"].append(f"report.html: {type(err).__name__}: {err}")
+        results["verdict"], page = verdict_of(results), {}
     data = folder / "results.json"
     write_atomic(data, (json.dumps(results, indent=1, sort_keys=True) + "\n").encode())
     report = folder / "report.md"
     write_atomic(report, markdown_report(results, [str(p) for p in plots]).encode())
+    for name, content in page.items():
+        write_atomic(folder / name, content)
+    write_index(folder, results)  # last: an indexed run is a whole one
     return data, report
+
+
+def interval_text(row: dict[str, Any]) -> str:
+    """A gate row's interval and runs, or '-' when it was not measured."""
+    if not row.get("interval"):
+        return "-"
+    low, high = row["interval"]
+    return f"{low:.4g}..{high:.4g} ({row['runs']} runs)"

@@ -70,6 +70,24 @@ def load_of(metrics: Metrics | None) -> tuple[float, float] | None:
     return running or 0.0, waiting or 0.0
 
 
+def not_serving(base_url: str) -> str | None:
+    """Why base_url is no OpenAI server to measure (nothing answers, or /v1/models is not
+    there: a URL ending in /v1, a wrong port); None when /v1/models answers 200."""
+    try:
+        r = http_pool().request("GET", f"{base_url}/v1/models", timeout=urllib3.Timeout(10, 30))
+    except urllib3.exceptions.HTTPError as err:
+        reason = getattr(err, "reason", None) or err
+        return f"nothing answers at {base_url}: {type(reason).__name__}: {str(reason)[:160]}"
+    if r.status == 404:
+        return (
+            f"{base_url}/v1/models: HTTP 404: not an OpenAI-compatible server's root"
+            " (give the URL without /v1)"
+        )
+    if r.status != 200:
+        return f"{base_url}/v1/models: HTTP {r.status}"
+    return None
+
+
 def wait_until_idle(base_url: str, timeout: float = 30.0) -> str | None:
     """Wait for nothing running or waiting; None when idle, else why the cell must not start."""
     deadline = time.monotonic() + timeout

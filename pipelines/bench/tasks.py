@@ -8,23 +8,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipelines.bench.failures import (
+    BenchError,
+    BenchInconclusive,
+    BenchRegression,
+    NotMeasured,
+)
 from pipelines.bench.gate import measured_all, regressed
-from pipelines.errors import BadInput, PipelineError, Regression, Unreachable
+from pipelines.errors import BadInput
 from pipelines.stage import Context
 from pipelines.steps import side_task
 
-
-class BenchError(PipelineError):
-    """A benchmark that could not start, or whose run failed its expectations."""
-
-
-class NotMeasured(BenchError, Unreachable):
-    """Nothing to measure (no deployment, the fabric check refused, the server does not answer),
-    or a run that could not measure everything the gate compares."""
-
-
-class BenchRegression(BenchError, Regression):
-    """Everything measured, and the gate found a metric worse than its baseline allows."""
+HISTORY_DEPLOYMENTS = 10  # deployments on the history plot
 
 
 def failure_of(results: dict[str, Any], baseline: list[Any]) -> type[BenchError]:
@@ -117,10 +112,17 @@ class Bench:
         data, report = write_results(folder, results)
         print(decode_table(results))
         say(f"results {data}")
+        say(f"page {data.parent / 'report.html'} (and cells.csv, requests.csv)")
         if results["failures"]:
             lines = "\n".join(f"  {f}" for f in results["failures"])
             failure = failure_of(results, self.profile.bench.baseline)
             raise failure(f"bench {self.profile.name} failed (report {report}):\n{lines}")
+        if results["inconclusive"]:
+            lines = "\n".join(f"  {f}" for f in results["inconclusive"])
+            raise BenchInconclusive(
+                f"bench {self.profile.name} inconclusive (report {report}): nothing regressed"
+                f" for sure, but:\n{lines}"
+            )
         say(f"passed the gate ({len(results['gate'])} metrics)")
         say(f"report {report}")
         return report
@@ -133,10 +135,33 @@ class Bench:
             return engine.max_model_len
         return p.sglang.context_length if p.sglang else 0
 
+    def history(self) -> Path:
+        """history.png: each gated metric over the last deployments' bench runs."""
+        from pipelines.bench.history import write_history
+        from pipelines.bench.run import say
+
+        area = self.engine.store.area("bench") / self.profile.name
+        path, skipped = write_history(area, self.profile.name, HISTORY_DEPLOYMENTS)
+        for line in skipped:
+            say(f"left out: {line}")
+        if path is None:
+            raise NotMeasured(
+                f"profile {self.profile.name}: no bench run in {area}; run `doit bench"
+                f" profile={self.profile.name}` first"
+            )
+        say(f"history {path}")
+        return path
+
     def create_doit_tasks(self) -> Iterator[dict[str, Any]]:
-        """bench: runs when asked, against what is deployed (never deploys itself)."""
+        """bench: runs when asked, against what is deployed (never deploys itself);
+        bench_history: plots the runs of the last deployments."""
         yield side_task(
             "bench",
             "measure the deployed endpoint (probes, sweep, saturation, needles) and gate it",
             self.run,
+        )
+        yield side_task(
+            "bench_history",
+            f"plot each gated metric over the last {HISTORY_DEPLOYMENTS} deployments' bench runs",
+            self.history,
         )

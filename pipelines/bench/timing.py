@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 
 from pipelines.bench.record import RequestRecord
 
 CONTINUOUS = "continuous-usage"
-FINAL_USAGE = "final-usage (estimated: no per-chunk usage)"
+FINAL_USAGE = "final-usage (estimated: no per-chunk usage; E2EL ends at the usage chunk)"
 CHUNKS = "chunks (estimated: no usage at all)"
 WINDOW = (129, 641)  # the decode window of one stream: tokens 129..641
 
@@ -55,12 +56,21 @@ def token_arrivals(record: RequestRecord) -> tuple[list[float], str]:
 
 
 def request_timing(record: RequestRecord) -> Timing | None:
-    """A completed request's timings (None when it failed or brought no token)."""
+    """A completed request's timings (None when it failed or brought no token).
+
+    E2EL ends at the last token usage counts, not at the last visible chunk: a server sends
+    tokens with no text (special tokens, part of a UTF-8 character) and usage counts them.
+    Without per-chunk usage it ends at the final usage chunk, when one came after the text.
+    """
     carrying = [e for e in record.events if e.carries]
     if not record.ok or not carrying:
         return None
     arrivals, method = token_arrivals(record)
     ttft, e2el = carrying[0].t, carrying[-1].t
+    if method == CONTINUOUS and arrivals:
+        ttft, e2el = min(ttft, arrivals[0]), arrivals[-1]
+    elif method == FINAL_USAGE:
+        e2el = max([e2el] + [e.t for e in record.events if e.tokens is not None])
     n = len(arrivals)
     tpot = (e2el - ttft) / (n - 1) if n > 1 else None
     ttfc = next((e.t for e in carrying if e.content), None)
@@ -92,6 +102,18 @@ def window_rate(arrivals: list[float], window: tuple[int, int] = WINDOW) -> floa
         return None
     span = arrivals[last - 1] - arrivals[first - 1]
     return (last - first) / span if span > 0 else None
+
+
+def window_note(timings: list[Timing], measured: int) -> str | None:
+    """Why no stream (or not every one) gave a decode window; None when all did."""
+    if measured == len(timings):
+        return None
+    most = max((t.output_tokens for t in timings), default=0)
+    first, last = WINDOW
+    return (
+        f"window measured on {measured} of {len(timings)} requests: it needs {last} output"
+        f" tokens (tokens {first}..{last}), the longest brought {most}"
+    )
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -139,21 +161,41 @@ def summarize(records: list[RequestRecord], duration: float) -> dict[str, object
         **distribution("itl", [x for t in timings for x in t.itls]),
         **distribution("e2el", [t.e2el for t in timings]),
         "median_window_tok_s": statistics.median(windows) if windows else None,
+        "window_note": window_note(timings, len(windows)),
         "min_window_tok_s": min(windows) if windows else None,
         "window_tokens": list(WINDOW),
         "method": methods[0] if len(methods) == 1 else ", ".join(methods) or None,
-        "errors": sorted({r.error for r in records if r.error})[:5],
+        "errors": error_counts(records),
     }
     return summary
 
 
-def steady_state(records: list[RequestRecord]) -> dict[str, float | None]:
-    """SGLang's steady state: last first-token to first finish; tokens arriving in it per s."""
+def steady_state(
+    records: list[RequestRecord], concurrency: int | None = None
+) -> dict[str, float | None]:
+    """SGLang's steady state: last first-token to first finish; tokens arriving in it per s.
+
+    With more requests than streams (closed loop), over the first wave: the first
+    `concurrency` requests sent, when every stream decodes at once; tokens of later requests
+    that arrive in that span count too.
+    """
     timings = [(r, t) for r in records if (t := request_timing(r)) is not None]
+    if concurrency and len(timings) > concurrency:
+        wave = sorted(timings, key=lambda rt: rt[0].started)[:concurrency]
+        start = max(r.started + t.ttft for r, t in wave)
+        end = min(r.started + t.e2el for r, t in wave)
+        return steady_over(timings, start, end)
     if len(timings) < 2:
         return {"steady_start": None, "steady_end": None, "steady_output_throughput": None}
     start = max(r.started + t.ttft for r, t in timings)
     end = min(r.started + t.e2el for r, t in timings)
+    return steady_over(timings, start, end)
+
+
+def steady_over(
+    timings: list[tuple[RequestRecord, Timing]], start: float, end: float
+) -> dict[str, float | None]:
+    """The steady span's ends and the tokens per second that arrived within it."""
     if end <= start:
         return {"steady_start": start, "steady_end": end, "steady_output_throughput": None}
     tokens = sum(1 for r, t in timings for a in t.arrivals if start <= r.started + a <= end)
@@ -162,3 +204,16 @@ def steady_state(records: list[RequestRecord]) -> dict[str, float | None]:
         "steady_end": end,
         "steady_output_throughput": tokens / (end - start),
     }
+
+
+def error_counts(records: list[RequestRecord]) -> list[dict[str, object]]:
+    """Each distinct failure reason with how many requests it failed, most first (up to 5)."""
+    counts = Counter(r.error for r in records if r.error)
+    return [{"reason": reason, "count": n} for reason, n in counts.most_common(5)]
+
+
+def failure_reasons(summary: dict[str, object]) -> str:
+    """The failures of a cell in a few words: `2x HTTP 404: ...; 1x timeout: ...`."""
+    errors = summary.get("errors") or []
+    assert isinstance(errors, list)
+    return "; ".join(f"{e['count']}x {e['reason']}" for e in errors)

@@ -363,7 +363,7 @@ class Deploy:
             )
 
     def diff(self) -> None:
-        """Print what `doit deploy` would change; ChangesPending (exit 5) when anything."""
+        """Print what `doit deploy` would change; ChangesPending (exit 6) when anything."""
         deployment = self.candidate()
         changes = self._print_changes("diff", deployment, self._earlier())
         if changes:
@@ -519,12 +519,12 @@ class Deploy:
         )
         yield side_task(
             "status",
-            "print what is deployed, whether doit build matches it, and drift (exit 6)",
+            "print what is deployed, whether doit build matches it, and drift (exit 7)",
             self._backend_built(self.status),
         )
         yield side_task(
             "diff",
-            "print what doit deploy would change, field by field (exit 5 when anything)",
+            "print what doit deploy would change, field by field (exit 6 when anything)",
             self._backend_built(self.diff),
             deps=[self.render.name],
         )

@@ -150,6 +150,7 @@ def simulator_plans(profile: Profile, image: str, folders: list[str]) -> list[Do
         "SIM_PREFILL_TOK_S": str(sim.prefill_tok_s),
         "SIM_DECODE_TOK_S": str(sim.decode_tok_s),
         "SIM_DECODE_FALLOFF": str(sim.decode_falloff),
+        "SIM_DECODE_JITTER": str(sim.decode_jitter),
         "SIM_TOKENS_PER_CHUNK": str(sim.tokens_per_chunk),
         "SIM_EMPTY_CHUNKS": "1" if sim.empty_chunks else "0",
     }

@@ -18,6 +18,7 @@ class Settings:
     prefill_tok_s: float
     decode_tok_s: float
     decode_falloff: float
+    decode_jitter: float
     tokens_per_chunk: int
     empty_chunks: bool
     host: str
@@ -36,6 +37,7 @@ class Settings:
             prefill_tok_s=float(env.get("SIM_PREFILL_TOK_S", "20000")),
             decode_tok_s=float(env.get("SIM_DECODE_TOK_S", "200")),
             decode_falloff=float(env.get("SIM_DECODE_FALLOFF", "0")),
+            decode_jitter=min(0.9, max(0.0, float(env.get("SIM_DECODE_JITTER", "0")))),
             tokens_per_chunk=max(1, int(env.get("SIM_TOKENS_PER_CHUNK", "1"))),
             empty_chunks=env.get("SIM_EMPTY_CHUNKS", "0").lower() in ("1", "true", "yes"),
             host=env.get("SIM_HOST", "127.0.0.1"),

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from .prompt import Prompt, flag
 from .reply import Piece, Reply
-from .timing import chunk_sizes, first_token_at, sleep_until
+from .timing import chunk_sizes, first_token_at, request_pace, sleep_until
 
 if TYPE_CHECKING:
     from .handler import Handler
@@ -209,15 +209,16 @@ class Stream:
         sizes = chunk_sizes(len(pieces), s.tokens_per_chunk)
         deadline = first_deadline
         last_chunk_at = None
+        pace = request_pace(s)
         for i, size in enumerate(sizes):
             if i > 0:
-                half = engine.token_interval() / 2
+                half = engine.token_interval() * pace / 2
                 if s.empty_chunks:
                     sleep_until(deadline + half)
                     if self.streaming:
                         self.emit(self.chunk([], None), 0)
                 for k in range(size):
-                    deadline += engine.token_interval()
+                    deadline += engine.token_interval() * pace
                     if k < size - 1:
                         sleep_until(deadline)
             sleep_until(deadline)

@@ -1,5 +1,9 @@
 """A tiny random Llama with a byte-level BPE tokenizer, think and tool-call tokens, and an
-R1-style chat template: enough for vLLM to serve real responses on a CPU."""
+R1-style chat template: enough for vLLM to serve real responses on a CPU.
+
+python make_model.py OUT [HIDDEN LAYERS]: 128 and 2 by default (fast); 640 and 12 make about
+79M parameters, slow enough on a CPU that a few tokens take tens of milliseconds.
+"""
 
 import sys
 from pathlib import Path
@@ -9,6 +13,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 out = Path(sys.argv[1])
+hidden, layers = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else (128, 2)
 out.mkdir(parents=True, exist_ok=True)
 special = ["<s>", "</s>", "<think>", "</think>", "<tool_call>", "</tool_call>"]
 tok = Tokenizer(models.BPE())
@@ -37,11 +42,11 @@ fast.save_pretrained(out)
 torch.manual_seed(0)
 config = LlamaConfig(
     vocab_size=len(fast),
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=2,
+    hidden_size=hidden,
+    intermediate_size=hidden * 2 if hidden == 128 else hidden * 4,
+    num_hidden_layers=layers,
+    num_attention_heads=hidden // 64,
+    num_key_value_heads=hidden // 64,
     max_position_embeddings=4096,
     bos_token_id=fast.bos_token_id,
     eos_token_id=fast.eos_token_id,
@@ -49,4 +54,11 @@ config = LlamaConfig(
 )
 model = LlamaForCausalLM(config)
 model.save_pretrained(out, safe_serialization=True)
-print("vocab", len(fast), "files", sorted(p.name for p in out.iterdir()))
+print(
+    "vocab",
+    len(fast),
+    "params",
+    model.num_parameters(),
+    "files",
+    sorted(p.name for p in out.iterdir()),
+)

@@ -1,0 +1,83 @@
+"""The three-way gate over repeated runs: passed, regressed, inconclusive (with the runs that
+would decide), from bootstrap intervals; and the same simulator measured again and again."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from sim_server import Sim, make_model
+
+from pipelines.bench.failures import BenchInconclusive
+from pipelines.bench.gate import INCONCLUSIVE, PASSED, REGRESSED, gate_rows, judge
+from pipelines.bench.intervals import bootstrap_interval
+from pipelines.bench.load import CellSpec, run_repeated
+from pipelines.bench.run import sweep_body
+
+WINDOW = SimpleNamespace(metric="decode.c1.median_window_tok_s", value=400.0, tolerance=0.05,
+                         better="higher")  # fmt: skip
+
+
+def runs(*values: float) -> dict:
+    """Results whose c1 cell ran once per value."""
+    repeats = [{"median_window_tok_s": v} for v in values]
+    return {"decode": [{"name": "c1", "summary": repeats[0], "repeats": repeats}]}
+
+
+def test_the_gate_reads_the_interval_passed_regressed_or_inconclusive():
+    assert judge(runs(398.0, 402.0, 400.0), WINDOW).verdict == PASSED
+    slow = judge(runs(360.0, 366.0, 363.0), WINDOW)
+    assert slow.verdict == REGRESSED
+    assert slow.line.startswith("decode.c1.median_window_tok_s: 363 against baseline 400 (-9.2%")
+    assert slow.line.endswith("; 95% interval 360..366 over 3 runs")
+    noisy = judge(runs(372.0, 396.0, 384.0), WINDOW)  # mean -4%, but one run at -7%
+    assert noisy.verdict == INCONCLUSIVE
+    assert noisy.line == (
+        "decode.c1.median_window_tok_s: 384 against baseline 400 (-4.0%; tolerance 5% lower):"
+        " inconclusive: the 95% interval 372..396 over 3 runs spans the limit 380;"
+        " about 24 more runs would decide"
+    )
+    # Mean beyond the tolerance (-6.7%) but one run within it: not regressed for sure.
+    assert judge(runs(356.0, 390.0, 374.0), WINDOW).verdict == INCONCLUSIVE
+    # One run: its value is the interval, compared as a single number as before.
+    assert judge(runs(381.0), WINDOW).verdict == PASSED
+    assert judge(runs(379.0), WINDOW).verdict == REGRESSED
+    (row,) = gate_rows(runs(372.0, 396.0, 384.0), [WINDOW])
+    assert (row["verdict"], row["runs"], row["interval"]) == (INCONCLUSIVE, 3, [372.0, 396.0])
+
+
+def test_the_interval_is_the_same_on_every_read_and_narrows_with_agreeing_runs():
+    values = [10.13, 11.71, 12.02, 10.55, 11.38, 9.87, 12.44, 10.96]
+    assert all(bootstrap_interval(values) == bootstrap_interval(list(values)) for _ in range(5))
+    low, high = bootstrap_interval(values)
+    assert 9.87 < low < 11.13 < high < 12.44
+    assert bootstrap_interval([7.0]) == (7.0, 7.0)
+    assert BenchInconclusive("x").exit_code == 5
+
+
+@pytest.mark.timing
+def test_ten_benches_of_one_server_never_flip_and_8_percent_slower_is_regressed_each_time(
+    tmp_path,
+):
+    decode = 2000.0
+    gated = SimpleNamespace(metric="decode.c1.median_window_tok_s", value=decode,
+                            tolerance=0.05, better="higher")  # fmt: skip
+    verdicts: dict[str, list[str]] = {}
+    for name, rate in (("same", decode), ("8% slower", decode * 0.92)):
+        settings = {"SIM_TTFT_S": "0.01", "SIM_DECODE_TOK_S": str(rate),
+                    "SIM_DECODE_JITTER": "0.02"}  # fmt: skip
+        sim = Sim(make_model(tmp_path / "model"), settings)
+        try:
+            # Three requests a run, the median of their windows: one stalled stream is outvoted.
+            spec = CellSpec("c1", 1, 3, sweep_body("sim", 16, 700), 30)
+            verdicts[name] = []
+            for _ in range(10):
+                cell = run_repeated(sim.url, spec, 3)
+                (row,) = gate_rows({"decode": [cell.as_json()]}, [gated])
+                verdicts[name].append(row["verdict"])
+                low, high = row["interval"]
+                print(f"{name}: {row['verdict']} {row['measured']:.0f} [{low:.0f}, {high:.0f}]")
+        finally:
+            sim.stop()
+    assert REGRESSED not in verdicts["same"] and PASSED not in verdicts["8% slower"]
+    assert verdicts["8% slower"] == [REGRESSED] * 10
