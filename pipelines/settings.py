@@ -50,6 +50,8 @@ class Settings:
     cache_readonly: bool = False  # SPARKFORGE_CACHE_READONLY=1: read and verify, never write
     # SPARKFORGE_BUILDX_CACHE: a registry ref buildx reads its layer cache from and writes it to
     buildx_cache: str | None = None
+    # SPARKFORGE_GC_KEEP_BUILDS: `doit gc` keeps the outputs of each profile's last N builds
+    gc_keep_builds: int = 3
 
 
 def positive(environ: Mapping[str, str], name: str) -> float | None:
@@ -119,7 +121,18 @@ def read_settings(environ: Mapping[str, str]) -> Settings:
         ),
         cache_readonly=flag(environ, "SPARKFORGE_CACHE_READONLY"),
         buildx_cache=buildx_cache(environ),
+        gc_keep_builds=count(environ, "SPARKFORGE_GC_KEEP_BUILDS", 3),
     )
+
+
+def count(environ: Mapping[str, str], name: str, default: int) -> int:
+    """A whole number of at least 1 from the environment, default when unset."""
+    value = environ.get(name)
+    if not value:
+        return default
+    if not re.fullmatch(r"[0-9]+", value) or int(value) < 1:
+        raise BadInput(f"environment {name}={value!r}: expected a whole number of at least 1")
+    return int(value)
 
 
 def buildx_cache(environ: Mapping[str, str]) -> str | None:

@@ -1,0 +1,80 @@
+"""Deleting what the plan frees, at the edge, each kind under the lock its writers take."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from pipelines.files import fsync_dir
+from pipelines.gc.plan import Verdict
+from pipelines.store import Store
+from pipelines.weights.stage import staging
+
+
+def remove_tree(store: Store, path: Path) -> None:
+    """Rename a folder into the store's tmp/ (one atomic step: it is whole or gone from where
+    readers look), then delete it there."""
+    if not path.exists():
+        return
+    grave = store.root / "tmp" / f"gc-{path.name}.{os.getpid()}"
+    os.rename(path, grave)
+    fsync_dir(path.parent)
+    shutil.rmtree(grave, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def every_staging_lock(weights: Path) -> Iterator[None]:
+    """Hold the staging lock of every model folder (sorted: two holders never cross)."""
+    with contextlib.ExitStack() as held:
+        for folder in sorted((weights / "models").glob("*")):
+            if folder.is_dir():
+                held.enter_context(staging(folder))
+        yield
+
+
+def unlinked(blob: Path) -> bool:
+    """True when no staged name links the blob (checked again under the staging locks)."""
+    try:
+        return os.stat(blob).st_nlink == 1
+    except FileNotFoundError:
+        return False
+
+
+def drop_layer_entries(layers: Path, digests: set[str]) -> None:
+    """Remove the layer cache's entries that name a deleted blob (an unreadable one stays:
+    the cache itself checks the blob before it uses an entry)."""
+    for entry in layers.glob("*.json"):
+        try:
+            digest = json.loads(entry.read_text()).get("digest")
+        except (OSError, ValueError, AttributeError, RecursionError):
+            continue
+        if digest in digests:
+            entry.unlink(missing_ok=True)
+
+
+def collect(store: Store, weights: Path, verdicts: list[Verdict]) -> None:
+    """Delete every item the plan frees; the caller has the store to itself."""
+    dead = [v.item for v in verdicts if not v.alive]
+    for item in (i for i in dead if i.kind in ("step", "tmp")):
+        key = item.refs[0].split(":", 1)[1]
+        path = store.step_dir(key) if item.kind == "step" else store.root / item.name
+        with store.lock(key):  # a builder of the key would hold it
+            remove_tree(store, path)
+    layer_digests = {i.refs[0].removeprefix("layer:") for i in dead if i.kind == "layer"}
+    for digest in sorted(layer_digests):
+        (store.root / "layers" / "blobs" / digest.removeprefix("sha256:")).unlink(missing_ok=True)
+    drop_layer_entries(store.root / "layers", layer_digests)
+    blobs = [i for i in dead if i.kind == "blob"]
+    if blobs:
+        with every_staging_lock(weights):
+            for item in blobs:
+                path = weights / "blobs" / "sha256" / item.refs[0].removeprefix("blob:")
+                if unlinked(path):
+                    path.unlink()
+        fsync_dir(weights / "blobs" / "sha256")
+    for item in (i for i in dead if i.kind == "bench"):
+        remove_tree(store, store.root / item.name)

@@ -1,0 +1,101 @@
+"""`doit gc`: what the store holds that no root reaches, said (dry run) or deleted (--delete);
+and the build log `doit build` leaves for it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from pipelines.errors import PipelineError
+from pipelines.gc.builds import log_build
+from pipelines.gc.collect import collect
+from pipelines.gc.inventory import store_items
+from pipelines.gc.plan import gc_plan, report
+from pipelines.gc.roots import gather_roots
+from pipelines.images.registry import Registry
+from pipelines.stage import Context
+from pipelines.steps import GRAPH, as_doit_action
+
+if TYPE_CHECKING:
+    from pipelines.images import PublishedImage
+
+
+class Gc:
+    """Garbage collection of the store with roots; publishes `log_build` for the build task."""
+
+    name = "gc"
+
+    def __init__(self, context: Context, *, image: PublishedImage):
+        self.profile = context.profile.name
+        self.engine = context.engine
+        self.store = context.engine.store
+        # The model blobs: where the weights stage keeps them (SPARKFORGE_WEIGHTS, or the store's).
+        self.weights = context.settings.weights or self.store.root / "weights"
+        self.keep_builds = context.settings.gc_keep_builds
+        self.image = image
+        # What `doit build` runs last: the build log gc takes its build roots from.
+        self.log_build = as_doit_action(self._log_build)
+
+    def _log_build(self) -> None:
+        """Record the keys of this run's steps that are done, and the profile's image."""
+        steps = {}
+        for engine, step in list(GRAPH.values()):
+            if engine is not self.engine:
+                continue
+            try:
+                key = engine.key(step)
+                if step.cache is not None or self.store.has(key):
+                    steps[step.name] = key
+            except PipelineError:
+                continue  # not part of this build (a step it never asked for)
+        try:
+            images = [self.image.ref()] if self.image.wanted else []
+        except PipelineError as err:
+            print(f"build: the image is not in the build log ({err})")
+            images = []
+        log_build(self.store.area("builds"), self.profile, steps, images)
+
+    def collect(self, delete: bool) -> None:
+        """Say what each item is and why; with delete, free what no root reaches."""
+        store = self.store
+        alone = store.alone("gc") if delete else contextlib.nullcontext()
+        with alone:
+            items = store_items(store, self.weights)
+            building = [i.refs[0].split(":", 1)[1] for i in items if i.kind == "tmp"]
+            roots = gather_roots(store, self.weights, self.keep_builds, building, registry_at)
+            verdicts = gc_plan(items, roots)
+            for line in report(verdicts, delete):
+                print(f"gc: {line}")
+            if delete:
+                collect(store, self.weights, verdicts)
+            else:
+                print("gc: dry run, nothing deleted; `doit gc --delete` deletes what it would free")
+
+    def create_doit_tasks(self) -> Iterator[dict[str, Any]]:
+        """The gc task (dry run unless --delete)."""
+        yield {
+            "basename": "gc",
+            "doc": "say what the store holds that no root reaches (--delete: free it)",
+            "actions": [(self._gc_action,)],
+            "params": [
+                {
+                    "name": "delete",
+                    "long": "delete",
+                    "type": bool,
+                    "default": False,
+                    "help": "delete what no root reaches (default: a dry run)",
+                }
+            ],
+            "verbosity": 2,
+        }
+
+    def _gc_action(self, delete: bool) -> Any:
+        return as_doit_action(lambda: self.collect(delete))()
+
+
+@cache
+def registry_at(host: str) -> Registry:
+    """One registry client per host a kept image names."""
+    return Registry(host)

@@ -1,0 +1,120 @@
+"""gc's plan and its inputs read from disk: pure decisions, hostile files named in one line
+(the fast lane: no service)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipelines.deploy.records import CorruptRecord
+from pipelines.errors import BadInput
+from pipelines.gc.builds import last_builds, log_build
+from pipelines.gc.inventory import measured_deployment, store_items
+from pipelines.gc.plan import Item, Roots, freed_bytes, gc_plan, report
+from pipelines.gc.roots import gather_roots, manifest_layers
+from pipelines.settings import read_settings
+from pipelines.store import Store
+
+STEP = Item("step", "steps/aaaa (render)", 100, ("step:aa", "deployment:dd"))
+OLD = Item("step", "steps/bbbb (render)", 40, ("step:bb",))
+LAYER = Item("layer", "layers/blobs/cccc", 7, ("layer:sha256:cc",))
+
+
+def test_an_item_a_root_reaches_is_kept_with_its_reason_and_the_rest_is_freed():
+    roots = Roots({"deployment:dd": "the live deployment of local"}, {})
+
+    verdicts = gc_plan([OLD, LAYER, STEP], roots)
+
+    assert [(v.item.name, v.alive, v.why) for v in verdicts] == [
+        ("steps/aaaa (render)", True, "the live deployment of local"),
+        ("steps/bbbb (render)", False, "no root reaches it"),
+        ("layers/blobs/cccc", False, "no root reaches it"),
+    ]
+    assert freed_bytes(verdicts) == 47
+    assert report(verdicts, deleting=False)[-1] == "total: would free 47 B"
+
+
+def test_a_kind_whose_roots_are_unknown_is_kept_whole():
+    roots = Roots({}, {"layer": "the layers of an image unknown (registry unreachable)"})
+
+    verdicts = gc_plan([LAYER, OLD], roots)
+
+    assert [(v.item.kind, v.alive) for v in verdicts] == [("step", False), ("layer", True)]
+    assert "registry unreachable" in verdicts[1].why
+
+
+def test_the_build_log_keeps_the_newest_n_per_profile_and_names_a_bad_entry(tmp_path, capsys):
+    for n in range(3):
+        log_build(tmp_path, "local", {"render": f"{n:064x}"}, [])
+    (tmp_path / "local" / f"{10**20}.json").write_text('{"profile": "local", "steps": 3}')
+
+    builds = last_builds(tmp_path, 2)
+
+    assert [b["steps"]["render"][-1] for b in builds["local"]] == ["2", "1"]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{10**20}.json" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["", "{", "[]", json.dumps({"provenance": {"manifests_key": "../x"}}), "[" * 10000],
+    ids=["empty", "truncated", "not-an-object", "not-a-key", "deep"],
+)
+def test_a_bench_result_that_cannot_be_read_names_no_deployment(tmp_path, content):
+    path = tmp_path / "results.json"
+    path.write_text(content)
+
+    assert measured_deployment(path) is None
+
+
+def test_a_manifest_that_is_not_one_names_no_layer():
+    good = {
+        "config": {"digest": "sha256:" + "1" * 64},
+        "layers": [{"digest": "sha256:" + "2" * 64}],
+    }
+    assert manifest_layers(json.dumps(good).encode()) == [
+        "sha256:" + "1" * 64,
+        "sha256:" + "2" * 64,
+    ]
+    bad = {"config": {"digest": "sha256:../x"}, "layers": []}
+    assert manifest_layers(json.dumps(bad).encode()) is None
+    assert manifest_layers(b"not json") is None
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])
+def test_a_bad_keep_builds_setting_is_one_line(value):
+    with pytest.raises(BadInput, match=r"SPARKFORGE_GC_KEEP_BUILDS=.*whole number"):
+        read_settings({"SPARKFORGE_GC_KEEP_BUILDS": value})
+
+
+def no_registry(host: str):
+    raise AssertionError(f"no image here, no registry to ask ({host})")
+
+
+def test_a_step_in_progress_keeps_its_temp_folder_and_a_killed_builders_is_freed(tmp_path):
+    store = Store(tmp_path / "store")
+    (store.root / "tmp" / f"{'1' * 64}.123.456").mkdir()  # a killed builder's
+    (store.root / "tmp" / f"{'2' * 64}.124.457").mkdir()
+
+    with store.lock("2" * 64):  # a builder at work
+        items = store_items(store, tmp_path / "weights")
+        building = [i.refs[0].split(":", 1)[1] for i in items]
+        verdicts = gc_plan(items, gather_roots(store, tmp_path / "w", 3, building, no_registry))
+
+    assert [(v.item.name[:8], v.alive, v.why) for v in verdicts] == [
+        ("tmp/1111", False, "no root reaches it"),
+        ("tmp/2222", True, "a step in progress (its build lock is held)"),
+    ]
+
+
+def test_an_unreadable_deployment_record_newer_than_the_live_one_refuses_gc(tmp_path):
+    store = Store(tmp_path / "store")
+    folder = store.root / "deployments" / "local"
+    folder.mkdir(parents=True)
+    good = {"outcome": "deployed", "deployment": {"key": "a" * 64}}
+    (folder / "100.json").write_text(json.dumps(good))
+    (folder / "200.json").write_text('{"outcome": "depl')
+
+    with pytest.raises(CorruptRecord, match=r"gc refused: .*200\.json.*what is live is not known"):
+        gather_roots(store, tmp_path / "weights", 3, [], no_registry)
