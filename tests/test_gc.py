@@ -108,6 +108,8 @@ def test_gc_keeps_what_roots_reach_and_a_deploy_and_rollback_work_after(world, d
     assert {k[:16] for k in gone_renders} <= would
     assert {k[:16] for k in kept_renders} & would == set()
     assert "total: would free" in out and "total: would free 0 B" not in out
+    published = json.loads((world["store"] / "gc" / "roots.json").read_text())["steps"]
+    assert set(kept_renders) <= set(published) and not set(gone_renders) & set(published)
 
     real = gc(world, "--delete")
 

@@ -11,8 +11,8 @@ from pipelines.deploy.records import CorruptRecord
 from pipelines.errors import BadInput
 from pipelines.gc.builds import last_builds, log_build
 from pipelines.gc.inventory import measured_deployment, store_items
-from pipelines.gc.plan import Item, Roots, freed_bytes, gc_plan, report
 from pipelines.gc.roots import gather_roots, manifest_layers
+from pipelines.gcplan import Item, Roots, freed_bytes, gc_plan, kept_step_keys, report
 from pipelines.settings import read_settings
 from pipelines.store import Store
 
@@ -118,3 +118,12 @@ def test_an_unreadable_deployment_record_newer_than_the_live_one_refuses_gc(tmp_
 
     with pytest.raises(CorruptRecord, match=r"gc refused: .*200\.json.*what is live is not known"):
         gather_roots(store, tmp_path / "weights", 3, [], no_registry)
+
+
+def test_the_roots_file_names_kept_steps_and_the_steps_roots_name_but_not_other_kinds():
+    blob = Item("blob", "weights/blobs/eeee", 5, ("blob:" + "e" * 64,))
+    roots = Roots({"deployment:dd": "live", "step:ff": "build 1", "blob:" + "e" * 64: "staged"}, {})
+
+    keys = kept_step_keys(gc_plan([STEP, OLD, blob], roots), roots)
+
+    assert keys == ["aa", "ff"]

@@ -1,22 +1,39 @@
-"""`python -m pipelines.cache keygen FILE`: a signing key pair for the remote cache."""
+"""`python -m pipelines.cache keygen FILE`: a signing key pair for the remote cache;
+`python -m pipelines.cache gc`: what the remote cache holds that no root reaches."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from pathlib import Path
 
 from pipelines.cache.signing import keygen
-from pipelines.errors import run_main
+from pipelines.errors import BadInput, run_main
+from pipelines.settings import read_settings
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write the private key to FILE (PEM, mode 600) and print the public key (base64)."""
+    """keygen: write the private key to FILE (PEM, mode 600) and print the public key (base64);
+    gc: say (or, with --delete, delete) what the remote cache holds that no root reaches."""
     parser = argparse.ArgumentParser(prog="python -m pipelines.cache")
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("keygen", help="make an ed25519 key pair for signing cache entries")
     gen.add_argument("file", type=Path, help="where the private key goes (must not exist)")
+    gc = commands.add_parser("gc", help="entries unused for D days no root reaches; orphan objects")
+    gc.add_argument("--days", type=float, default=30.0, help="entries written since stay (30)")
+    gc.add_argument(
+        "--roots",
+        type=Path,
+        action="append",
+        default=[],
+        help="a roots file `doit gc` wrote (<store>/gc/roots.json); its step keys stay",
+    )
+    gc.add_argument("--delete", action="store_true", help="delete (default: a dry run)")
     args = parser.parse_args(argv)
+    if args.command == "gc":
+        return collect(args.days, args.roots, args.delete)
     public = keygen(args.file)
     print(public)
     print(
@@ -24,6 +41,20 @@ def main(argv: list[str] | None = None) -> int:
         " the line above goes into SPARKFORGE_CACHE_TRUSTED_KEYS",
         file=sys.stderr,
     )
+    return 0
+
+
+def collect(days: float, roots: list[Path], really: bool) -> int:
+    """gc of the cache SPARKFORGE_REMOTE_CACHE names (S3 from the standard AWS chain)."""
+    from pipelines.cache.gc import collect_cache
+
+    url = read_settings(os.environ).remote_cache
+    if not url:
+        raise BadInput("environment SPARKFORGE_REMOTE_CACHE: not set; expected s3://BUCKET/PREFIX")
+    for line in collect_cache(url, days, roots, really, time.time()):
+        print(f"cache gc: {line}")
+    if not really:
+        print("cache gc: dry run, nothing deleted; --delete deletes what it would free")
     return 0
 
 

@@ -65,3 +65,11 @@ def last_builds(folder: Path, keep: int) -> dict[str, list[dict[str, Any]]]:
                 print(f"gc: build log skipped: {err}", file=sys.stderr)
         builds[profile.name] = kept
     return builds
+
+
+def write_roots(folder: Path, keys: list[str]) -> Path:
+    """Publish the step keys gc's roots reach (`roots.json`), for the remote cache's gc."""
+    path = folder / "roots.json"
+    record = {"steps": keys, "written": time.time()}
+    write_atomic(path, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
+    return path

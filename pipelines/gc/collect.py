@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pipelines.files import fsync_dir
-from pipelines.gc.plan import Verdict
+from pipelines.gcplan import Verdict
 from pipelines.store import Store
 from pipelines.weights.stage import staging
 

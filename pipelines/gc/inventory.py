@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pipelines.errors import BadInput
 from pipelines.files import MiB, read_capped
-from pipelines.gc.plan import Item
+from pipelines.gcplan import Item
 from pipelines.store import CorruptRecord, Store, read_record
 
 HEX64 = re.compile(r"[0-9a-f]{64}")

@@ -14,7 +14,7 @@ from typing import Any
 from pipelines.deploy.records import Records
 from pipelines.errors import PipelineError
 from pipelines.gc.builds import last_builds
-from pipelines.gc.plan import Roots
+from pipelines.gcplan import Roots
 from pipelines.images.registry import Registry
 from pipelines.store import Store
 

@@ -9,11 +9,11 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from pipelines.errors import PipelineError
-from pipelines.gc.builds import log_build
+from pipelines.gc.builds import log_build, write_roots
 from pipelines.gc.collect import collect
 from pipelines.gc.inventory import store_items
-from pipelines.gc.plan import gc_plan, report
 from pipelines.gc.roots import gather_roots
+from pipelines.gcplan import gc_plan, kept_step_keys, report
 from pipelines.images.registry import Registry
 from pipelines.stage import Context
 from pipelines.steps import GRAPH, as_doit_action
@@ -68,6 +68,11 @@ class Gc:
             verdicts = gc_plan(items, roots)
             for line in report(verdicts, delete):
                 print(f"gc: {line}")
+            written = write_roots(store.area("gc"), kept_step_keys(verdicts, roots))
+            print(
+                f"gc: the step keys its roots reach: {written}"
+                " (for `python -m pipelines.cache gc --roots`)"
+            )
             if delete:
                 collect(store, self.weights, verdicts)
             else:

@@ -1,12 +1,14 @@
-"""What gc keeps and frees, decided from an inventory and its roots alone (no disk, no network)."""
+"""What a gc keeps and frees (the store's, the remote cache's), decided from an inventory and
+its roots alone: no disk, no network."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-# The kinds of things gc collects, in the order it reports them.
-KINDS = ("step", "tmp", "layer", "blob", "bench")
+# The kinds of things gc collects, in the order it reports them: the store's, then the remote
+# cache's.
+KINDS = ("step", "tmp", "layer", "blob", "bench", "entry", "object")
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,14 @@ def gc_plan(items: Iterable[Item], roots: Roots) -> list[Verdict]:
     return verdicts
 
 
+def kept_step_keys(verdicts: Iterable[Verdict], roots: Roots) -> list[str]:
+    """The step keys gc keeps here and those its roots name (stored here or not): what the
+    remote cache's gc keeps too."""
+    kept = {v.item.refs[0] for v in verdicts if v.alive and v.item.kind == "step"}
+    kept |= {ref for ref in roots.reach if ref.startswith("step:")}
+    return sorted(ref.removeprefix("step:") for ref in kept)
+
+
 def freed_bytes(verdicts: Iterable[Verdict]) -> int:
     """The bytes the dead items hold."""
     return sum(v.item.size for v in verdicts if not v.alive)
@@ -62,7 +72,7 @@ def report(verdicts: list[Verdict], deleting: bool) -> list[str]:
     lines = []
     for v in verdicts:
         state = "keep" if v.alive else ("free" if deleting else "would free")
-        lines.append(f"{state:10} {v.item.kind:5} {v.item.name} ({v.item.size:,} B): {v.why}")
+        lines.append(f"{state:10} {v.item.kind:6} {v.item.name} ({v.item.size:,} B): {v.why}")
     for kind in KINDS:
         mine = [v for v in verdicts if v.item.kind == kind]
         if mine:
