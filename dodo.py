@@ -83,7 +83,7 @@ try:
     # Rings with a data plane to check; a check older than the live deployment is stale.
     FABRIC = fabric.Fabric(CONTEXT, render=RENDER.step, live=DEPLOY.live_record)
     BENCH = bench.Bench(CONTEXT, live=DEPLOY.live, fabric_refusal=FABRIC.refusal)
-    GC = gc.Gc(CONTEXT, image=IMAGES.published)  # `doit gc`; logs each build for its roots
+    GC = gc.Gc(CONTEXT, image=IMAGES.published, repository=IMAGES.repository)  # `doit gc`
 except PipelineError as err:
     # Before any task: one line and the error's code (2 for a bad profile or setting, README's
     # "Exit codes"); SystemExit passes through doit's loader untouched.

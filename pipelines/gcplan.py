@@ -4,11 +4,11 @@ its roots alone: no disk, no network."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # The kinds of things gc collects, in the order it reports them: the store's, then the remote
 # cache's.
-KINDS = ("step", "tmp", "layer", "blob", "bench", "entry", "object")
+KINDS = ("step", "tmp", "layer", "blob", "bench", "tag", "entry", "object")
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ class Roots:
 
     reach: Mapping[str, str]
     unknown: Mapping[str, str]
+    # The images (host/repository@digest) the roots keep, and why: the registry's tags follow.
+    images: Mapping[str, str] = field(default_factory=dict)
 
 
 def gc_plan(items: Iterable[Item], roots: Roots) -> list[Verdict]:

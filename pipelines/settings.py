@@ -52,6 +52,8 @@ class Settings:
     buildx_cache: str | None = None
     # SPARKFORGE_GC_KEEP_BUILDS: `doit gc` keeps the outputs of each profile's last N builds
     gc_keep_builds: int = 3
+    # SPARKFORGE_GC_TAG_DAYS: registry tags a gc first saw this many days ago may go
+    gc_tag_days: float = 30.0
 
 
 def positive(environ: Mapping[str, str], name: str) -> float | None:
@@ -122,7 +124,18 @@ def read_settings(environ: Mapping[str, str]) -> Settings:
         cache_readonly=flag(environ, "SPARKFORGE_CACHE_READONLY"),
         buildx_cache=buildx_cache(environ),
         gc_keep_builds=count(environ, "SPARKFORGE_GC_KEEP_BUILDS", 3),
+        gc_tag_days=days(environ, "SPARKFORGE_GC_TAG_DAYS", 30.0),
     )
+
+
+def days(environ: Mapping[str, str], name: str, default: float) -> float:
+    """A number of days (0 or more) from the environment, default when unset."""
+    value = environ.get(name)
+    if not value:
+        return default
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", value):
+        raise BadInput(f"environment {name}={value!r}: expected a number of days (0 or more)")
+    return float(value)
 
 
 def count(environ: Mapping[str, str], name: str, default: int) -> int:

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import requests
 import yaml
 from support.deploying import (
     deploy_variant,
@@ -21,7 +22,10 @@ from support.deploying import (
     member,
     records,
     served_models,
+    tag_digest,
 )
+
+from pipelines.images.registry import ACCEPT
 
 REPO = Path(__file__).resolve().parent.parent
 ORPHAN_BLOB = "ab" * 32  # a model blob no staged folder links (written by the test)
@@ -243,3 +247,54 @@ def test_gc_beside_a_build_breaks_neither(world):
         n for n in stored if not (world["store"] / "steps" / steps[n] / "step.json").is_file()
     ] == []
     assert f"build 1 of the last 1 of {world['name']} (render)" in collected
+
+
+def retag(world, digest: str, tag: str) -> None:
+    """Put a manifest already in the test's repository under another tag."""
+    base = f"http://{world['registry']}/v2/{world['repository']}/manifests"
+    got = requests.get(f"{base}/{digest}", headers={"Accept": ACCEPT}, timeout=10)
+    got.raise_for_status()
+    put = requests.put(
+        f"{base}/{tag}",
+        data=got.content,
+        headers={"Content-Type": got.headers["Content-Type"]},
+        timeout=10,
+    )
+    put.raise_for_status()
+
+
+def test_gc_deletes_old_candidate_and_key_tags_on_images_no_root_reaches(world, docker_client):
+    """An image only under candidate- and key- tags goes once a gc has seen them D days
+    before; the same kind of tag on the live image stays, and so do :stable and the rest."""
+    deployed(world)
+    live = records(world)[-1]["image"].split("@")[1]
+    stray = derived_image(world, docker_client, "candidate-0ld")
+    retag(world, stray, "key-" + "0" * 32)
+    retag(world, live, "key-" + "f" * 32)
+    repo = world["repository"]
+
+    young = gc(world, SPARKFORGE_GC_TAG_DAYS="30")
+    assert young.returncode == 0, young.stdout + young.stderr
+    assert (
+        f"keep       tag    {repo}:candidate-0ld (0 B): tagged candidate-0ld, first seen by gc"
+        " 0.0 days ago (< 30)" in young.stdout
+    )
+
+    dry = gc(world, SPARKFORGE_GC_TAG_DAYS="0")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert f"would free tag    {repo}:candidate-0ld" in dry.stdout
+    assert f"would free tag    {repo}:key-{'0' * 32}" in dry.stdout
+    kept = f"keep       tag    {repo}:key-{'f' * 32} (0 B): the live deployment of {world['name']}"
+    assert kept in dry.stdout
+    assert tag_digest(world, "candidate-0ld") == stray
+
+    real = gc(world, "--delete", SPARKFORGE_GC_TAG_DAYS="0")
+
+    assert real.returncode == 0, real.stdout + real.stderr
+    assert tag_digest(world, "candidate-0ld") is None
+    assert tag_digest(world, "key-" + "0" * 32) is None
+    assert tag_digest(world, "key-" + "f" * 32) == live
+    assert tag_digest(world, "stable") == live
+    assert tag_digest(world, "gc-previous") is not None  # not a tag gc collects
+    redeploy = doit(world, "deploy")
+    assert redeploy.returncode == 0 and "nothing restarted" in redeploy.stdout

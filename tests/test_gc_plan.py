@@ -12,6 +12,7 @@ from pipelines.errors import BadInput
 from pipelines.gc.builds import last_builds, log_build
 from pipelines.gc.inventory import measured_deployment, store_items
 from pipelines.gc.roots import gather_roots, manifest_layers
+from pipelines.gc.tags import DAY_S, first_seen, read_ledger, tag_items, tag_roots
 from pipelines.gcplan import Item, Roots, freed_bytes, gc_plan, kept_step_keys, report
 from pipelines.settings import read_settings
 from pipelines.store import Store
@@ -127,3 +128,52 @@ def test_the_roots_file_names_kept_steps_and_the_steps_roots_name_but_not_other_
     keys = kept_step_keys(gc_plan([STEP, OLD, blob], roots), roots)
 
     assert keys == ["aa", "ff"]
+
+
+LIVE, OLD_IMAGE = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+
+
+def test_an_image_goes_with_all_its_tags_only_when_none_may_stay():
+    tagged = {
+        "candidate-1": OLD_IMAGE,
+        "key-1": OLD_IMAGE,
+        "key-2": LIVE,
+        "stable": LIVE,
+        "candidate-new": "sha256:" + "c" * 64,
+    }
+    seen = {"r:candidate-1": 0.0, "r:key-1": 0.0, "r:key-2": 0.0, "r:candidate-new": 9 * DAY_S}
+    reach = tag_roots("r", tagged, {LIVE: "the live deployment"}, seen, 10 * DAY_S, 3)
+
+    verdicts = gc_plan(tag_items("r", tagged), Roots(reach, {}))
+
+    assert [(v.item.name, v.alive) for v in verdicts] == [
+        ("r:candidate-1", False),
+        ("r:candidate-new", True),
+        ("r:key-1", False),
+        ("r:key-2", True),
+    ]
+    assert "first seen by gc 1.0 days ago (< 3)" in verdicts[1].why
+    assert verdicts[3].why == "the live deployment; also tagged stable"
+
+
+def test_the_ledger_keeps_first_sightings_and_forgets_tags_that_went():
+    old = {"r:key-1": 5.0, "r:key-gone": 1.0, "other:key-1": 2.0}
+
+    ledger = first_seen(old, "r", ["key-1", "key-new", "stable"], 100.0)
+
+    assert ledger == {"r:key-1": 5.0, "r:key-new": 100.0, "other:key-1": 2.0}
+
+
+@pytest.mark.parametrize("content", ["{", '{"r:key-1": "soon"}', "[]"])
+def test_a_ledger_that_cannot_be_read_is_one_line(tmp_path, content):
+    path = tmp_path / "tags-seen.json"
+    path.write_text(content)
+
+    with pytest.raises(BadInput, match=str(path)):
+        read_ledger(path)
+
+
+@pytest.mark.parametrize("value", ["-1", "a week", "1e3"])
+def test_a_bad_tag_days_setting_is_one_line(value):
+    with pytest.raises(BadInput, match=r"SPARKFORGE_GC_TAG_DAYS=.*number of days"):
+        read_settings({"SPARKFORGE_GC_TAG_DAYS": value})

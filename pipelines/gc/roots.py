@@ -45,7 +45,7 @@ class RootSet:
 
     def frozen(self) -> Roots:
         """The plan's view."""
-        return Roots(dict(self.reach), dict(self.unknown))
+        return Roots(dict(self.reach), dict(self.unknown), dict(self.images))
 
 
 def deployment_roots(store: Store, roots: RootSet) -> None:

@@ -4,7 +4,8 @@ and the build log `doit build` leaves for it."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +14,16 @@ from pipelines.gc.builds import log_build, write_roots
 from pipelines.gc.collect import collect
 from pipelines.gc.inventory import store_items
 from pipelines.gc.roots import gather_roots
-from pipelines.gcplan import gc_plan, kept_step_keys, report
+from pipelines.gc.tags import (
+    delete_tags,
+    first_seen,
+    read_ledger,
+    tag_items,
+    tag_roots,
+    tagged_digests,
+    write_ledger,
+)
+from pipelines.gcplan import Item, Roots, gc_plan, kept_step_keys, report
 from pipelines.images.registry import Registry
 from pipelines.stage import Context
 from pipelines.steps import GRAPH, as_doit_action
@@ -27,14 +37,19 @@ class Gc:
 
     name = "gc"
 
-    def __init__(self, context: Context, *, image: PublishedImage):
+    def __init__(self, context: Context, *, image: PublishedImage, repository: Callable[[], str]):
         self.profile = context.profile.name
         self.engine = context.engine
         self.store = context.engine.store
         # The model blobs: where the weights stage keeps them (SPARKFORGE_WEIGHTS, or the store's).
         self.weights = context.settings.weights or self.store.root / "weights"
         self.keep_builds = context.settings.gc_keep_builds
+        self.tag_days = context.settings.gc_tag_days
         self.image = image
+        # The profile's image repository: where gc collects candidate-* and key-* tags.
+        self.repository = repository
+        site = context.site
+        self.registry = Registry(lambda: site.registry)
         # What `doit build` runs last: the build log gc takes its build roots from.
         self.log_build = as_doit_action(self._log_build)
 
@@ -65,7 +80,8 @@ class Gc:
             items = store_items(store, self.weights)
             building = [i.refs[0].split(":", 1)[1] for i in items if i.kind == "tmp"]
             roots = gather_roots(store, self.weights, self.keep_builds, building, registry_at)
-            verdicts = gc_plan(items, roots)
+            tags, reach, repository = self.tags(roots)
+            verdicts = gc_plan(items + tags, Roots({**roots.reach, **reach}, roots.unknown))
             for line in report(verdicts, delete):
                 print(f"gc: {line}")
             written = write_roots(store.area("gc"), kept_step_keys(verdicts, roots))
@@ -75,8 +91,32 @@ class Gc:
             )
             if delete:
                 collect(store, self.weights, verdicts)
+                if repository:
+                    delete_tags(self.registry, repository, verdicts)
             else:
                 print("gc: dry run, nothing deleted; `doit gc --delete` deletes what it would free")
+
+    def tags(self, roots: Roots) -> tuple[list[Item], dict[str, str], str | None]:
+        """(tag items, their roots, the repository) of the profile's image repository; none,
+        said in one line, when the registry cannot be asked. Keeps the first-seen ledger."""
+        try:
+            repository = self.repository()
+            tagged = tagged_digests(self.registry, repository)
+            where = f"{self.registry.host}/{repository}"
+        except PipelineError as err:
+            print(f"gc: registry tags not collected ({err})")
+            return [], {}, None
+        ledger = self.store.area("gc") / "tags-seen.json"
+        now = time.time()
+        seen = read_ledger(ledger)
+        write_ledger(ledger, first_seen(seen, repository, tagged, now))
+        kept = {
+            ref.split("@")[1]: why
+            for ref, why in roots.images.items()
+            if ref.split("@")[0] == where
+        }
+        reach = tag_roots(repository, tagged, kept, seen, now, self.tag_days)
+        return tag_items(repository, tagged), reach, repository
 
     def create_doit_tasks(self) -> Iterator[dict[str, Any]]:
         """The gc task (dry run unless --delete)."""
