@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +21,7 @@ from pipelines.gcplan import Item, Roots, freed_bytes, gc_plan, kept_step_keys, 
 from pipelines.settings import read_settings
 from pipelines.store import Store
 
+REPO = Path(__file__).resolve().parent.parent
 STEP = Item("step", "steps/aaaa (render)", 100, ("step:aa", "deployment:dd"))
 OLD = Item("step", "steps/bbbb (render)", 40, ("step:bb",))
 LAYER = Item("layer", "layers/blobs/cccc", 7, ("layer:sha256:cc",))
@@ -177,3 +182,51 @@ def test_a_ledger_that_cannot_be_read_is_one_line(tmp_path, content):
 def test_a_bad_tag_days_setting_is_one_line(value):
     with pytest.raises(BadInput, match=r"SPARKFORGE_GC_TAG_DAYS=.*number of days"):
         read_settings({"SPARKFORGE_GC_TAG_DAYS": value})
+
+
+ALONE = """
+import sys
+from pathlib import Path
+from pipelines.store import Store
+store = Store(Path(sys.argv[1]))
+with store.alone("gc"):
+    print("alone", flush=True)
+    sys.stdin.readline()
+"""
+USER = """
+import sys, time
+from pathlib import Path
+from pipelines.store import Store
+Store(Path(sys.argv[1]))
+print("opened", flush=True)
+"""
+
+
+def test_a_run_that_opens_the_store_while_gc_has_it_alone_waits(tmp_path):
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    run = [sys.executable, "-c"]
+    gc = subprocess.Popen(
+        [*run, ALONE, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert gc.stdout.readline() == "alone\n"
+        user = subprocess.Popen(
+            [*run, USER, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        said = user.stderr.readline()  # "" at once if it does not wait
+        assert said == f"store: waiting for the gc of {tmp_path} to finish\n"
+        assert user.poll() is None
+        gc.stdin.write("done\n")
+        gc.stdin.flush()
+        out, _ = user.communicate(timeout=10)
+    finally:
+        gc.kill()
+    assert out == "opened\n"
