@@ -27,7 +27,7 @@ OWN = ("steps", "tmp", "locks", "records")
 RECORD_MAX_BYTES = 16 * MiB
 # Every process that uses a store holds this file's flock shared for its whole life; `doit gc`
 # takes it exclusive, so nothing a run has found done (and will read later) goes under it.
-IN_USE = "locks/store.lock"
+IN_USE = "in-use.lock"
 # The process's one descriptor per store root: flocks of one process on one file would
 # otherwise block each other when gc asks for the lock exclusive.
 _IN_USE: dict[Path, int] = {}
