@@ -96,4 +96,4 @@ def task_build():
     """build everything the chosen profile deploys (profile=NAME, default local)"""
     deps = [PROFILE.step.name, IMAGES.image_step.name, WEIGHTS.outputs.stage_task]
     deps += [RENDER.step.name, *STAGER.published.tasks]
-    return {"actions": [GC.log_build], "task_dep": deps}
+    return {"actions": [GC.log_build], "uptodate": [GC.build_logged], "task_dep": deps}

@@ -48,23 +48,26 @@ def read_build(path: Path) -> dict[str, Any]:
 def last_builds(folder: Path, keep: int) -> dict[str, list[dict[str, Any]]]:
     """Profile -> its newest `keep` readable builds, newest first; each unreadable one is
     named on stderr and left out."""
-    builds: dict[str, list[dict[str, Any]]] = {}
-    for profile in sorted(folder.iterdir()) if folder.is_dir() else ():
-        paths = sorted(
-            (p for p in profile.glob("*.json") if re.fullmatch(r"[0-9]+", p.stem)),
-            key=lambda p: int(p.stem),
-            reverse=True,
-        )
-        kept: list[dict[str, Any]] = []
-        for path in paths:
-            if len(kept) == keep:
-                break
-            try:
-                kept.append(read_build(path))
-            except CorruptBuild as err:
-                print(f"gc: build log skipped: {err}", file=sys.stderr)
-        builds[profile.name] = kept
-    return builds
+    profiles = sorted(folder.iterdir()) if folder.is_dir() else []
+    return {p.name: profile_builds(p, keep) for p in profiles}
+
+
+def profile_builds(folder: Path, keep: int) -> list[dict[str, Any]]:
+    """One profile's newest `keep` readable builds, newest first."""
+    paths = sorted(
+        (p for p in folder.glob("*.json") if re.fullmatch(r"[0-9]+", p.stem)),
+        key=lambda p: int(p.stem),
+        reverse=True,
+    )
+    kept: list[dict[str, Any]] = []
+    for path in paths:
+        if len(kept) == keep:
+            break
+        try:
+            kept.append(read_build(path))
+        except CorruptBuild as err:
+            print(f"gc: build log skipped: {err}", file=sys.stderr)
+    return kept
 
 
 def write_roots(folder: Path, keys: list[str]) -> Path:

@@ -10,7 +10,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from pipelines.errors import PipelineError
-from pipelines.gc.builds import log_build, write_roots
+from pipelines.gc.builds import log_build, profile_builds, write_roots
 from pipelines.gc.collect import collect
 from pipelines.gc.inventory import store_items
 from pipelines.gc.roots import gather_roots
@@ -50,11 +50,33 @@ class Gc:
         self.repository = repository
         site = context.site
         self.registry = Registry(lambda: site.registry)
+        self._built: tuple[dict[str, str], list[str]] | None = None
         # What `doit build` runs last: the build log gc takes its build roots from.
         self.log_build = as_doit_action(self._log_build)
 
     def _log_build(self) -> None:
         """Record the keys of this run's steps that are done, and the profile's image."""
+        steps, images = self._build()
+        log_build(self.store.area("builds"), self.profile, steps, images)
+
+    def build_logged(self) -> bool:
+        """True when the newest build logged is this one (same keys, same image): a no-op
+        build logs nothing, so it neither runs a task nor pushes other builds out of the N."""
+        try:
+            steps, images = self._build()
+        except PipelineError:
+            return False
+        newest = profile_builds(self.store.root / "builds" / self.profile, 1)
+        return bool(newest) and (newest[0]["steps"], newest[0].get("images", [])) == (steps, images)
+
+    def _build(self) -> tuple[dict[str, str], list[str]]:
+        """(step name -> key of each step of this run that is done, the profile's image),
+        found once per run (after the build's tasks: doit asks uptodate, then the action)."""
+        if self._built is None:
+            self._built = self._find_build()
+        return self._built
+
+    def _find_build(self) -> tuple[dict[str, str], list[str]]:
         steps = {}
         for engine, step in list(GRAPH.values()):
             if engine is not self.engine:
@@ -70,7 +92,7 @@ class Gc:
         except PipelineError as err:
             print(f"build: the image is not in the build log ({err})")
             images = []
-        log_build(self.store.area("builds"), self.profile, steps, images)
+        return steps, images
 
     def collect(self, delete: bool) -> None:
         """Say what each item is and why; with delete, free what no root reaches."""
