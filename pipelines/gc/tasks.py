@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 
 
 class Gc:
-    """Garbage collection of the store with roots; publishes `log_build` for the build task."""
+    """Garbage collection of the store with roots; publishes `log_build` and `build_logged`
+    (the build task's action and uptodate check: the build log)."""
 
     name = "gc"
 
