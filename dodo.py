@@ -11,7 +11,7 @@ from doit import get_var
 
 # The stages by package, not by class: doit takes every name here with a create_doit_tasks
 # for a task creator, a stage's class included.
-from pipelines import bench, deploy, fabric, images, profile_check, provenance, render, weights
+from pipelines import bench, deploy, fabric, gc, images, profile_check, provenance, render, weights
 from pipelines.cache import remote_cache
 from pipelines.deploy.records import who_ran
 from pipelines.errors import PipelineError, exit_with
@@ -96,6 +96,7 @@ try:
     # Rings with a data plane to check; a check older than the live deployment is stale.
     FABRIC = fabric.Fabric(CONTEXT, render=RENDER.step, live=DEPLOY.live_record)
     BENCH = bench.Bench(CONTEXT, live=DEPLOY.live, fabric_refusal=FABRIC.refusal)
+    GC = gc.Gc(CONTEXT, image=IMAGES.published, repository=IMAGES.repository)  # `doit gc`
 except PipelineError as err:
     # Before any task: one line and the error's code (2 for a bad profile or setting, README's
     # "Exit codes"); SystemExit passes through doit's loader untouched.
@@ -108,4 +109,4 @@ def task_build():
     """build everything the chosen profile deploys (profile=NAME, default local)"""
     deps = [PROFILE.step.name, IMAGES.image_step.name, WEIGHTS.outputs.stage_task]
     deps += [RENDER.step.name, *STAGER.published.tasks]
-    return {"actions": None, "task_dep": deps}
+    return {"actions": [GC.log_build], "uptodate": [GC.build_logged], "task_dep": deps}

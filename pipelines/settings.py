@@ -57,6 +57,10 @@ class Settings:
     trusted_keys: tuple[str, ...] = ()  # SPARKFORGE_TRUSTED_KEYS: name:base64, comma-separated
     # GITHUB_REPOSITORY (CI's), the source an attestation names; a local checkout otherwise.
     source_repository: str = "local checkout"
+    # SPARKFORGE_GC_KEEP_BUILDS: `doit gc` keeps the outputs of each profile's last N builds
+    gc_keep_builds: int = 3
+    # SPARKFORGE_GC_TAG_DAYS: registry tags a gc first saw this many days ago may go
+    gc_tag_days: float = 30.0
 
 
 def positive(environ: Mapping[str, str], name: str) -> float | None:
@@ -130,12 +134,34 @@ def read_settings(environ: Mapping[str, str]) -> Settings:
         ),
         trusted_keys=key_list(environ.get("SPARKFORGE_TRUSTED_KEYS", "")),
         source_repository=environ.get("GITHUB_REPOSITORY") or "local checkout",
+        gc_keep_builds=count(environ, "SPARKFORGE_GC_KEEP_BUILDS", 3),
+        gc_tag_days=days(environ, "SPARKFORGE_GC_TAG_DAYS", 30.0),
     )
 
 
 def key_list(value: str) -> tuple[str, ...]:
     """The keys of a list separated by commas or spaces (Nix separates trusted keys by spaces)."""
     return tuple(k for k in re.split(r"[,\s]+", value) if k)
+
+
+def days(environ: Mapping[str, str], name: str, default: float) -> float:
+    """A number of days (0 or more) from the environment, default when unset."""
+    value = environ.get(name)
+    if not value:
+        return default
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", value):
+        raise BadInput(f"environment {name}={value!r}: expected a number of days (0 or more)")
+    return float(value)
+
+
+def count(environ: Mapping[str, str], name: str, default: int) -> int:
+    """A whole number of at least 1 from the environment, default when unset."""
+    value = environ.get(name)
+    if not value:
+        return default
+    if not re.fullmatch(r"[0-9]+", value) or int(value) < 1:
+        raise BadInput(f"environment {name}={value!r}: expected a whole number of at least 1")
+    return int(value)
 
 
 def buildx_cache(environ: Mapping[str, str]) -> str | None:

@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +25,12 @@ OWN = ("steps", "tmp", "locks", "records")
 # A step's record is its key material and input listings: a few KiB, some 1 MiB for a build
 # context of thousands of files; a file past this is not one the store wrote.
 RECORD_MAX_BYTES = 16 * MiB
+# Every process that uses a store holds this file's flock shared for its whole life; `doit gc`
+# takes it exclusive, so nothing a run has found done (and will read later) goes under it.
+IN_USE = "in-use.lock"
+# The process's one descriptor per store root: flocks of one process on one file would
+# otherwise block each other when gc asks for the lock exclusive.
+_IN_USE: dict[Path, int] = {}
 
 
 class CorruptRecord(BadInput):
@@ -56,6 +63,7 @@ class Store:
         for sub in OWN:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.statcache = StatCache(self.root / "statcache.sqlite3")
+        hold_in_use(self.root)
 
     def area(self, name: str) -> Path:
         """A folder of the store that one stage owns (its blobs, its layer cache), made on use."""
@@ -123,6 +131,35 @@ class Store:
         return sorted(records, key=lambda r: r["finished"], reverse=True), sorted(corrupt)
 
     @contextlib.contextmanager
+    def alone(self, who: str) -> Iterator[None]:
+        """Be the only process using the store (others that hold it are waited for; new ones
+        wait in Store()); shared again after. For gc: no run may have found done what it
+        deletes."""
+        fd = _IN_USE[self.root]
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"{who}: waiting for the other runs using {self.root} to finish", flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+
+    def is_building(self, key: str) -> bool:
+        """True when a builder holds key's lock now (its step is in progress)."""
+        path = self.root / "locks" / f"{key}.lock"
+        if not path.exists():
+            return False
+        with open(path, "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)
+        return False
+
+    @contextlib.contextmanager
     def lock(self, key: str) -> Iterator[None]:
         """Hold the build lock of a key (one builder per key, across processes)."""
         with open(self.root / "locks" / f"{key}.lock", "w") as f:
@@ -182,6 +219,20 @@ class Store:
                 cache.publish(key, work, full)
             self.remember(full)
         return self.output_dir(key), True
+
+
+def hold_in_use(root: Path) -> None:
+    """Hold root's in-use flock shared for the life of this process (once per root), waiting
+    while a gc has the store to itself."""
+    if root in _IN_USE:
+        return
+    fd = os.open(root / IN_USE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"store: waiting for the gc of {root} to finish", file=sys.stderr, flush=True)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    _IN_USE[root] = fd
 
 
 def read_record(path: Path) -> dict[str, Any]:

@@ -1,24 +1,41 @@
 """`python -m pipelines.cache keygen NAME FILE`: a named signing key pair (the remote cache's,
-or the image attestations': one form for both)."""
+or the image attestations': one form for both); `python -m pipelines.cache gc`: what the remote
+cache holds that no root reaches."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from pathlib import Path
 
-from pipelines.errors import run_main
+from pipelines.errors import BadInput, run_main
 from pipelines.namedkeys import keygen
+from pipelines.settings import read_settings
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write the secret key to FILE (`name:base64`, mode 600) and print the public key."""
+    """keygen: write the secret key to FILE (`name:base64`, mode 600) and print the public key;
+    gc: say (or, with --delete, delete) what the remote cache holds that no root reaches."""
     parser = argparse.ArgumentParser(prog="python -m pipelines.cache")
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("keygen", help="make a named ed25519 key pair (name:base64)")
     gen.add_argument("name", help="the key's name, e.g. lab-ci-2026 (signatures carry it)")
     gen.add_argument("file", type=Path, help="where the private key goes (must not exist)")
+    gc = commands.add_parser("gc", help="entries unused for D days no root reaches; orphan objects")
+    gc.add_argument("--days", type=float, default=30.0, help="entries written since stay (30)")
+    gc.add_argument(
+        "--roots",
+        type=Path,
+        action="append",
+        default=[],
+        help="a roots file `doit gc` wrote (<store>/gc/roots.json); its step keys stay",
+    )
+    gc.add_argument("--delete", action="store_true", help="delete (default: a dry run)")
     args = parser.parse_args(argv)
+    if args.command == "gc":
+        return collect(args.days, args.roots, args.delete)
     public = keygen(args.name, args.file)
     print(public)
     print(
@@ -28,6 +45,20 @@ def main(argv: list[str] | None = None) -> int:
         " SPARKFORGE_TRUSTED_KEYS)",
         file=sys.stderr,
     )
+    return 0
+
+
+def collect(days: float, roots: list[Path], really: bool) -> int:
+    """gc of the cache SPARKFORGE_REMOTE_CACHE names (S3 from the standard AWS chain)."""
+    from pipelines.cache.gc import collect_cache
+
+    url = read_settings(os.environ).remote_cache
+    if not url:
+        raise BadInput("environment SPARKFORGE_REMOTE_CACHE: not set; expected s3://BUCKET/PREFIX")
+    for line in collect_cache(url, days, roots, really, time.time()):
+        print(f"cache gc: {line}")
+    if not really:
+        print("cache gc: dry run, nothing deleted; --delete deletes what it would free")
     return 0
 
 

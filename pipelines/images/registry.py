@@ -222,6 +222,39 @@ class Registry:
             raise ImageError(f"registry {self.host}: referrers of {repo}@{digest}: not an index")
         return manifests
 
+    def tags(self, repo: str) -> list[str]:
+        """Every tag of a repository (the API's pages followed by their Link), [] when it has
+        none or does not exist."""
+        found: list[str] = []
+        url: str | None = f"{self.base}/{repo}/tags/list?n=1000"
+        while url:
+            r = self._call("GET", url)
+            if r.status == 404:
+                return found
+            self._check(r, f"list tags of {repo}")
+            try:
+                page = r.json().get("tags") or []
+            except (ValueError, AttributeError):
+                raise ImageError(f"registry {self.host}: tags of {repo}: not a tag list") from None
+            if not isinstance(page, list) or not all(isinstance(t, str) for t in page):
+                raise ImageError(f"registry {self.host}: tags of {repo}: not a tag list")
+            found += page
+            link = re.match(r"<([^>]+)>", r.headers.get("Link", ""))
+            url = self._absolute(link.group(1)) if link else None
+            if url is not None and not self.is_own(url):
+                raise ImageError(f"registry {self.host}: tags of {repo}: next page elsewhere")
+        return found
+
+    def delete_manifest(self, repo: str, digest: str) -> None:
+        """Delete a manifest by digest (every tag on it goes too); gone already is fine."""
+        r = self._call("DELETE", f"{self.base}/{repo}/manifests/{digest}")
+        if r.status == 405:
+            raise ImageError(
+                f"registry {self.host}: deletes are off (its config: storage.delete.enabled)"
+            )
+        if r.status != 404:
+            self._check(r, f"delete {repo}@{digest}")
+
     def has_blob(self, repo: str, digest: str) -> bool:
         """True when the registry holds the blob."""
         r = self._call("HEAD", f"{self.base}/{repo}/blobs/{digest}")
