@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.cache import remote_cache
 from pipelines.cache.remote import RemoteCache
-from pipelines.cache.signing import keygen, signing_key
+from pipelines.namedkeys import keygen
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "models"  # the stack's bucket; the module works under a prefix of its own
@@ -35,9 +36,9 @@ def filled(s3, stack_env, tmp_path):
     """A cache prefix with three entries (two share a file), an object no entry names, and a
     file that is not the cache's; a roots file naming the first entry's key."""
     prefix = f"cache-gc-test-{uuid.uuid4().hex[:8]}"
-    public = keygen(tmp_path / "key")
-    signer = signing_key((tmp_path / "key").read_text())
-    cache = RemoteCache(f"s3://{BUCKET}/{prefix}", {public: signer.public_key()}, signer)
+    keygen("cache-gc-test", tmp_path / "key")
+    cache = remote_cache(f"s3://{BUCKET}/{prefix}", (tmp_path / "key").read_text(), (), False)
+    assert cache is not None
     env = {**os.environ, **stack_env, "SPARKFORGE_REMOTE_CACHE": cache.url}
     old = dict(os.environ)
     os.environ.update(stack_env)
