@@ -146,7 +146,7 @@ def generate(name: str) -> SigningKey:
     return SigningKey(name, Ed25519PrivateKey.generate())
 
 
-def write_secret(path: Path, key: SigningKey) -> None:
+def write_secret(path: Path, key: Named) -> None:
     """The secret key to path, mode 600 from the start; an existing file is never replaced."""
     # O_EXCL: an existing key is never lost; its final mode at creation: no readable window.
     try:

@@ -8,9 +8,11 @@ image keys are: rotate by trusting the new key before signing with it, revoke by
 
 from __future__ import annotations
 
+import argparse
 import base64
 import hashlib
 import re
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +21,9 @@ from typing import TYPE_CHECKING
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from pipelines.errors import BadInput
+from pipelines.errors import BadInput, run_main
 from pipelines.files import create_once
-from pipelines.namedkeys import NAME, split_named, trusted_by_name
+from pipelines.namedkeys import NAME, split_named, trusted_by_name, write_secret
 
 if TYPE_CHECKING:
     from pipelines.settings import Settings
@@ -163,3 +165,26 @@ def model_trusted(settings: Settings, local_keys: Path | None) -> dict[str, Mode
     if own is not None and own.name not in keys:
         keys[own.name] = own.public
     return keys
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m pipelines.weights.modelkeys keygen NAME FILE`: a named model key pair."""
+    parser = argparse.ArgumentParser(prog="python -m pipelines.weights.modelkeys")
+    commands = parser.add_subparsers(dest="command", required=True)
+    gen = commands.add_parser("keygen", help="make a named P-256 model key pair (name:base64)")
+    gen.add_argument("name", help="the key's name, e.g. lab-model-2026")
+    gen.add_argument("file", type=Path, help="where the private key goes (must not exist)")
+    args = parser.parse_args(argv)
+    key = generate_model_key(args.name)
+    write_secret(args.file, key)
+    print(key.public.text)
+    print(
+        f"secret key: {args.file} (mode 600): its contents are a model signing key"
+        f" ({SIGNING_ENV} or {FILE_ENV}); the line above goes into {TRUSTED_ENV}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -121,7 +121,11 @@ def signed_manifest(
         with pem_path(signer.pem) as pem:
             manifest = sign_ec_key.Verifier(pem).verify(Signature.read(path))
     except Exception as err:  # the library raises ValueError and its parsers' own errors
-        reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        reason = (
+            str(err).splitlines()[0][:200]
+            if str(err)
+            else f"{type(err).__name__}, forged or altered"
+        )
         raise ModelSignatureError(
             f"model signature {path}: does not verify with trusted key {signer.name}: {reason}"
         ) from None
