@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -62,6 +63,7 @@ BREAKAGES = [
     ("pipelines/profile_check/__init__.py", "import pipelines.images.tasks", "The profile stage"),
     ("pipelines/provenance/checks.py", "import pipelines.images", "Provenance and the named keys"),
     ("pipelines/namedkeys.py", "import pipelines.cache", "Provenance and the named keys"),
+    ("pipelines/weights/tasks.py", "import model_signing", "Only the model's signature"),
 ]
 
 
@@ -72,7 +74,8 @@ def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract
     path.write_text(path.read_text() + f"\n{line}  # the forbidden import\n")
     result = lint_imports(folder)
     assert result.returncode != 0
-    broken = [row for row in result.stdout.splitlines() if row.endswith("BROKEN")]
+    # A contract with ignore_imports says so after the word: "BROKEN (1 ignored import)".
+    broken = [row for row in result.stdout.splitlines() if re.search(r" BROKEN( \(.*\))?$", row)]
     assert any(contract in row for row in broken), result.stdout
 
 

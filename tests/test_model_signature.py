@@ -4,6 +4,7 @@ signing library; each refusal one line; the library's own CLI accepts what the p
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -13,8 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.errors import BadInput
 from pipelines.weights.lock import Lock, LockEntry
-from pipelines.weights.modelkeys import generate_model_key, local_model_key, trusted_model_keys
+from pipelines.weights.modelkeys import (
+    generate_model_key,
+    local_model_key,
+    model_public_key,
+    model_signing_key,
+    trusted_model_keys,
+)
 from pipelines.weights.signature import (
     ModelSignatureError,
     check_folder,
@@ -209,3 +217,50 @@ def test_the_model_signing_cli_accepts_what_the_project_signs_and_refuses_a_chan
     refused = subprocess.run(verify_cli, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 1
     assert f"Hash mismatch for '{shard_name(1)}'" in refused.stdout + refused.stderr
+
+
+SCALAR = bytes(range(1, 33))
+
+
+def b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+def test_a_model_key_is_named_p256_its_public_half_compressed_and_its_secret_never_shown():
+    key = model_signing_key(f"lab-model-2026:{b64(SCALAR)}", "environment X")
+    public = model_public_key(key.public.text, "here")
+    assert public.name == "lab-model-2026" and public.hint == key.public.hint
+    assert len(base64.b64decode(key.public.text.split(":")[1])) == 33
+    assert b64(SCALAR) not in repr(key)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"lab:{b64(bytes(31))}",  # short
+        f"lab:{b64(bytes(32))}",  # zero: not a scalar of the curve
+        "lab:" + b64(bytes([255]) * 32),  # past the curve's order
+        f"lab {b64(SCALAR)}",  # no name
+    ],
+    ids=["short", "zero", "past the order", "no name"],
+)
+def test_a_bad_secret_model_key_is_one_line_that_never_quotes_it(text):
+    with pytest.raises(BadInput) as err:
+        model_signing_key(text, "environment SPARKFORGE_MODEL_SIGNING_KEY")
+    assert str(err.value).startswith("environment SPARKFORGE_MODEL_SIGNING_KEY: expected")
+    assert text.split(":")[-1] not in str(err.value)
+
+
+def test_an_ed25519_or_off_curve_public_key_is_not_a_trusted_model_key():
+    with pytest.raises(BadInput, match="is not name:base64 of a P-256 public key"):
+        trusted_model_keys([f"lab:{b64(bytes(32))}"], "environment SPARKFORGE_MODEL_TRUSTED_KEYS")
+    with pytest.raises(BadInput, match="not a point of P-256"):
+        trusted_model_keys(["lab:" + b64(bytes([2]) + bytes([255]) * 32)], "here")
+
+
+def test_one_name_for_two_model_keys_is_refused_and_several_names_are_trusted():
+    first, second = generate_model_key("a"), generate_model_key("b")
+    assert set(trusted_model_keys([first.public.text, second.public.text], "t")) == {"a", "b"}
+    twin = generate_model_key("a")
+    with pytest.raises(BadInput, match="key name 'a' is given for two different keys"):
+        trusted_model_keys([first.public.text, twin.public.text], "t")
