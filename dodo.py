@@ -91,7 +91,11 @@ try:
         provenance=TRUST.problems,
     )
     PROVENANCE = provenance.Provenance(
-        CONTEXT, trust=TRUST, live=DEPLOY.live_record, candidate=IMAGES.published.ref
+        CONTEXT,
+        trust=TRUST,
+        live=DEPLOY.live_record,
+        candidate=IMAGES.published.ref,
+        model=WEIGHTS.outputs.signature_problems,
     )
     # Rings with a data plane to check; a check older than the live deployment is stale.
     FABRIC = fabric.Fabric(CONTEXT, render=RENDER.step, live=DEPLOY.live_record)

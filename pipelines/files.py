@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,27 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
+
+
+def create_once(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Create path holding data unless it exists: written whole under a temp name (mode from
+    the start), then linked in; of two makers at once the second's link fails and the first's
+    file stays (a key is never replaced, and no reader sees half of it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        # link, not rename: an existing file is never replaced.
+        os.link(temp, path)
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(temp)
     fsync_dir(path.parent)
 
 

@@ -13,9 +13,10 @@ import base64
 import binascii
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -26,6 +27,7 @@ from pipelines.errors import BadInput
 NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 SECRET_FORM = "name:base64 of an ed25519 seed (32 bytes) or seed and public key (64)"
 PUBLIC_FORM = "name:base64 of an ed25519 public key (32 raw bytes)"
+KeyT = TypeVar("KeyT", bound="Named")
 
 
 @dataclass(frozen=True)
@@ -106,17 +108,35 @@ def public_key(text: str, where: str) -> PublicKey:
     return PublicKey(parts[0], Ed25519PublicKey.from_public_bytes(parts[1]))
 
 
-def trusted_keys(texts: Iterable[str], where: str) -> dict[str, PublicKey]:
-    """Trusted keys by name; one name for two different keys is refused (which would it be?)."""
-    keys: dict[str, PublicKey] = {}
+class Named(Protocol):
+    """A public key of any type: its name and its `name:base64` text."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def text(self) -> str: ...
+
+
+def trusted_by_name(
+    texts: Iterable[str], where: str, parse: Callable[[str, str], KeyT]
+) -> dict[str, KeyT]:
+    """Keys parsed by parse, by name; one name for two different keys is refused (which
+    would it be?)."""
+    keys: dict[str, KeyT] = {}
     for text in texts:
         if not text.strip():
             continue
-        key = public_key(text, where)
+        key = parse(text, where)
         if key.name in keys and keys[key.name].text != key.text:
             raise BadInput(f"{where}: key name {key.name!r} is given for two different keys")
         keys[key.name] = key
     return keys
+
+
+def trusted_keys(texts: Iterable[str], where: str) -> dict[str, PublicKey]:
+    """Trusted ed25519 keys by name."""
+    return trusted_by_name(texts, where, public_key)
 
 
 def generate(name: str) -> SigningKey:
@@ -126,7 +146,7 @@ def generate(name: str) -> SigningKey:
     return SigningKey(name, Ed25519PrivateKey.generate())
 
 
-def write_secret(path: Path, key: SigningKey) -> None:
+def write_secret(path: Path, key: Named) -> None:
     """The secret key to path, mode 600 from the start; an existing file is never replaced."""
     # O_EXCL: an existing key is never lost; its final mode at creation: no readable window.
     try:

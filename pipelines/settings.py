@@ -55,6 +55,13 @@ class Settings:
     signing_key: str | None = field(repr=False, default=None)
     signing_key_file: Path | None = None
     trusted_keys: tuple[str, ...] = ()  # SPARKFORGE_TRUSTED_KEYS: name:base64, comma-separated
+    # SPARKFORGE_MODEL_SIGNING_KEY (a secret, `name:base64` of a P-256 scalar) or the file
+    # SPARKFORGE_MODEL_SIGNING_KEY_FILE names: the key the model's manifest is signed with
+    # (pipelines/weights/signature.py); P-256 because the model signing library takes no ed25519.
+    model_signing_key: str | None = field(repr=False, default=None)
+    model_signing_key_file: Path | None = None
+    # SPARKFORGE_MODEL_TRUSTED_KEYS: name:base64 (P-256, compressed), comma-separated
+    model_trusted_keys: tuple[str, ...] = ()
     # GITHUB_REPOSITORY (CI's), the source an attestation names; a local checkout otherwise.
     source_repository: str = "local checkout"
     # SPARKFORGE_GC_KEEP_BUILDS: `doit gc` keeps the outputs of each profile's last N builds
@@ -133,6 +140,13 @@ def read_settings(environ: Mapping[str, str]) -> Settings:
             else None
         ),
         trusted_keys=key_list(environ.get("SPARKFORGE_TRUSTED_KEYS", "")),
+        model_signing_key=environ.get("SPARKFORGE_MODEL_SIGNING_KEY") or None,
+        model_signing_key_file=(
+            Path(environ["SPARKFORGE_MODEL_SIGNING_KEY_FILE"]).absolute()
+            if environ.get("SPARKFORGE_MODEL_SIGNING_KEY_FILE")
+            else None
+        ),
+        model_trusted_keys=key_list(environ.get("SPARKFORGE_MODEL_TRUSTED_KEYS", "")),
         source_repository=environ.get("GITHUB_REPOSITORY") or "local checkout",
         gc_keep_builds=count(environ, "SPARKFORGE_GC_KEEP_BUILDS", 3),
         gc_tag_days=days(environ, "SPARKFORGE_GC_TAG_DAYS", 30.0),

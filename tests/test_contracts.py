@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -66,6 +67,7 @@ BREAKAGES = [
     ("pipelines/store.py", "import pipelines.gc", "Nothing below gc imports it"),
     ("pipelines/deploy/records.py", "import pipelines.gc.builds", "Nothing below gc imports it"),
     ("pipelines/gc/roots.py", "import pipelines.deploy.tasks", "gc reads the stages' records"),
+    ("pipelines/weights/tasks.py", "import model_signing", "Only the model's signature"),
 ]
 
 
@@ -76,7 +78,8 @@ def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract
     path.write_text(path.read_text() + f"\n{line}  # the forbidden import\n")
     result = lint_imports(folder)
     assert result.returncode != 0
-    broken = [row for row in result.stdout.splitlines() if row.endswith("BROKEN")]
+    # A contract with ignore_imports says so after the word: "BROKEN (1 ignored import)".
+    broken = [row for row in result.stdout.splitlines() if re.search(r" BROKEN( \(.*\))?$", row)]
     assert any(contract in row for row in broken), result.stdout
 
 

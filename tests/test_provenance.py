@@ -18,6 +18,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support.attestations import attach, attached, envelope, local_key, pae, statement_of
 from support.deploying import derived_image, doit, member, records, tag_digest
 
+from pipelines.weights.lock import cache_key
+
 pytestmark = pytest.mark.stack
 
 
@@ -145,3 +147,47 @@ def test_an_attestation_whose_subject_is_another_digest_is_refused(world, built,
     attach(world, other, envelope(statement, *local_key(world)))
     line = refusal(world, docker_client, other)
     assert f"attestation is about {digest[:19]}, not the digest deployed" in line
+
+
+def staged_model(world):
+    """The test profile's staged model folder in its store."""
+    return world["store"] / "weights" / "models" / cache_key(world["profile"]["model"]["source"])
+
+
+def test_doit_provenance_reports_the_model_signature_passing(world, built):
+    result = doit(world, "provenance")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    report = json.loads(out[out.index("{") : out.rindex("}") + 1])
+    assert report["checks"]["model_signature"].startswith("passes: signed by a trusted model key")
+
+
+def test_a_staged_model_file_changed_after_the_build_is_refused_before_any_member_is_touched(
+    world, built, docker_client
+):
+    digest, _, _ = built
+    shard = staged_model(world) / "model-00007-of-00048.safetensors"
+    before = member(docker_client, world["name"]).id
+    # Changed after the build (a build would fetch and stage it again): the deploy alone, `-s`.
+    with open(shard, "r+b") as f:
+        f.seek(4096)
+        byte = f.read(1)
+        f.seek(4096)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    try:
+        result = doit(world, "-s", "deploy", f"image_digest={digest}")
+        report = doit(world, "provenance").stdout
+    finally:
+        with open(shard, "r+b") as f:
+            f.seek(4096)
+            f.write(byte)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1 and "Traceback" not in out, out
+    lines = [line for line in out.splitlines() if "provenance refused, nothing touched" in line]
+    assert lines == [
+        f"provenance refused, nothing touched: {staged_model(world)}: differs from the model"
+        " manifest signed by local-stack-model (hash differs: model-00007-of-00048.safetensors)"
+    ], out
+    assert member(docker_client, world["name"]).id == before
+    assert records(world)[-1]["outcome"] == "refused"
+    assert "hash differs: model-00007-of-00048.safetensors" in report

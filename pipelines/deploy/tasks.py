@@ -108,6 +108,8 @@ class Deploy:
         self.render = render
         self.tags = tags
         self.lock_file = model.lock_file
+        # One line when the model's signature does not verify (pipelines/weights/signature.py).
+        self.model_signature = model.signature_problems
         self.settings = DeploySettings(
             context.site,
             settings.deploy_timeout_s,
@@ -214,6 +216,7 @@ class Deploy:
         self._dry_run_possible()
         deployment = self.candidate()
         refused = provenance_problems(self.provenance, deployment.image)
+        refused += self.model_signature()
         if refused:
             self._record(deployment, REFUSED, started, reason=refused)
             raise DeployError("provenance refused, nothing touched: " + "; ".join(refused))

@@ -3,10 +3,9 @@ a local-stack profile's own key made once under the git-ignored store."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
+from pipelines.files import create_once
 from pipelines.namedkeys import (
     PublicKey,
     SigningKey,
@@ -29,20 +28,7 @@ def local_key(keys: Path) -> SigningKey:
     first's)."""
     path = keys / f"{LOCAL_KEY_NAME}.key"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        key = generate(LOCAL_KEY_NAME)
-        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".key-")  # mode 600
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(key.text + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            # link, not rename: an existing key is never replaced, and a reader never sees half.
-            os.link(temp, path)
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(temp)
+        create_once(path, (generate(LOCAL_KEY_NAME).text + "\n").encode())
     return read_secret_file(path, "the local stack's key")
 
 

@@ -1,5 +1,6 @@
 """`doit provenance`: what a profile deploys, who built it, from what, and whether each check
-passes; and the image check deploy's preflight makes before it touches any member."""
+passes (the image's attestation, the model's signature); and the image check deploy's
+preflight makes before it touches any member."""
 
 from __future__ import annotations
 
@@ -63,8 +64,10 @@ class Provenance:
         trust: ImageTrust,
         live: Callable[[], dict[str, Any] | None],
         candidate: Callable[[], str],
+        model: Callable[[], list[str]],
     ):
         self.profile = context.profile
+        self.model = model  # one line when the model's signature does not verify, else none
         self.trust = trust
         self.live = live  # the live deployment's record, or None
         self.candidate = candidate  # the image this checkout would deploy, pinned by digest
@@ -91,6 +94,9 @@ class Provenance:
                 "attestation": check.problem
                 or "passes: present, signed by a trusted key,"
                 " about this digest, from the inputs this checkout computes",
+                "model_signature": "; ".join(self.model())
+                or "passes: signed by a trusted model key, of this lock's files, and the"
+                " folders staged on this machine hash as signed",
             },
             "trusted_keys": sorted(self.trust.trusted),
         }

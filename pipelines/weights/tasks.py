@@ -14,7 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipelines.errors import PipelineError
+from pipelines.errors import BadInput, PipelineError
 from pipelines.paths import PATCH_SOURCE
 from pipelines.stage import Context
 from pipelines.steps import Step, StepRun, side_task
@@ -94,6 +94,11 @@ class ModelOutputs:
         """The profile's lock, checked against the profile's source."""
         return self.weights.read_lock()
 
+    def signature_problems(self) -> list[str]:
+        """One line when the model's signature does not verify (deploy asks before it touches
+        any member): the lock signed by a trusted key, this machine's staged folders as signed."""
+        return self.weights.signature_problems()
+
     def patch_source_text(self) -> str:
         """The config patch program, as the patch Job runs it."""
         return self.patch_source.read_text()
@@ -110,6 +115,7 @@ class Weights:
         self.profile = profile
         self.engine = engine
         self.settings = settings
+        self.engine_settings = context.settings
         self.lock_file = lock_path(profile.model.lock)
         self.blobs = BlobStore(settings.root, engine.store.statcache)
         self.patch = self._patch_step() if profile.model.config_patch == "tp3-heads" else None
@@ -188,6 +194,72 @@ class Weights:
             lock = hash_bucket(self.client, self.profile.model.lock, source, previous)
         write_lock(lock, self.lock_file)
         print(f"lock_weights: wrote {self.lock_file} ({len(lock.files)} files, {lock.size:,} B)")
+        from pipelines.weights.modelkeys import model_signer
+
+        if model_signer(self.engine_settings, self._local_keys()) is not None:
+            self.sign()
+
+    # --- the model's signature (signature.py) ------------------------------------------
+
+    def _local_keys(self) -> Path | None:
+        """The store's key folder for a local-stack profile (its own model key), else None."""
+        return self.engine.store.area("keys") if self.profile.local_stack else None
+
+    @property
+    def signature_file(self) -> Path:
+        """Where the model's signature lives: beside the lock in the repo, reviewed and shipped
+        with it; a local-stack profile's (signed by this machine's key) in the store."""
+        name = f"{self.profile.model.lock}.sig"
+        if self.profile.local_stack:
+            return self.engine.store.area("signatures") / name
+        return self.lock_file.with_name(name)
+
+    def sign(self) -> None:
+        """Sign the lock's manifest with the model key (`doit sign_weights`)."""
+        from pipelines.weights.modelkeys import SIGNING_ENV, model_signer
+        from pipelines.weights.signature import sign_lock
+
+        key = model_signer(self.engine_settings, self._local_keys())
+        if key is None:
+            raise BadInput(
+                f"sign_weights: no model signing key: set {SIGNING_ENV} (README 'Keys and"
+                " provenance')"
+            )
+        lock = self.complete_lock()
+        sign_lock(lock, key, self.signature_file)
+        print(f"sign_weights: {self.signature_file} ({len(lock.files)} files, key {key.name})")
+
+    def signed(self) -> bool:
+        """True when the signature verifies and signs the lock as it is."""
+        return not self.signature_problems(folders=False)
+
+    def signature_problems(self, folders: bool = True) -> list[str]:
+        """One line when the model's signature does not verify: a trusted key, the lock's
+        files, and (folders) every staged folder on this machine, hashed by the library."""
+        from pipelines.weights.modelkeys import model_trusted
+        from pipelines.weights.signature import check_folder, check_lock_signed, signed_manifest
+
+        try:
+            lock = self.complete_lock()
+            trusted = model_trusted(self.engine_settings, self._local_keys())
+            signer, manifest = signed_manifest(self.signature_file, trusted)
+            check_lock_signed(lock, manifest, self.signature_file)
+            if folders:
+                plan = stage_plan(lock, self.overrides())
+                for folder in self.local_folders():
+                    check_folder(folder, lock, plan, manifest, signer)
+        except PipelineError as err:
+            return [str(err)]
+        return []
+
+    def local_folders(self) -> list[Path]:
+        """The staged folders of this profile on this machine (a local-stack profile's members'
+        roots), each once; a ring's own members verify theirs against the lock's record."""
+        if not self.profile.local_stack:
+            return []
+        roots = dict.fromkeys(Path(r) for r in self.outputs.member_roots())
+        folders = [root / self.outputs.model_folder() for root in roots]
+        return [f for f in folders if f.is_dir()]
 
     # --- fetch -----------------------------------------------------------------------------
 
@@ -353,6 +425,14 @@ class Weights:
                 deps=list(fetch_setup),
             )
         )
+        tasks.append(
+            side_task(
+                "sign_weights",
+                "sign the lock's manifest (OpenSSF model signing) with the model key",
+                self.sign,
+                uptodate=answer_or_run(self.signed),
+            )
+        )
         fetch = side_task(
             "fetch_weights",
             "fetch the locked files from S3 into the blob store, sha256-checked",
@@ -364,6 +444,9 @@ class Weights:
         fetch["setup"] = fetch_setup
         tasks.append(fetch)
         stage_deps = ["fetch_weights"]
+        if self.profile.local_stack:
+            # This machine's key signs a local-stack model: a build leaves it signed.
+            stage_deps.append("sign_weights")
         if self.patch is not None:
             tasks.append(self.engine.task(self.patch))
             stage_deps.append(self.patch.name)
