@@ -38,9 +38,12 @@ def pins_with_hashes(text: str) -> dict[str, tuple[str, frozenset[str]]]:
 
 def member_imports() -> dict[str, str]:
     """Module -> file of everything `python -m pipelines.weights.ring` imports (modules with a
-    file only), asked of a fresh Python."""
+    file only), asked of a fresh Python without pyOpenSSL, as the member's is."""
+    # pyOpenSSL (model-signing's, in the project's venv) is not among the member's wheels:
+    # botocore imports it only when present, so the member's Python does without, as here.
     code = (
-        "import json, sys, pipelines.weights.ring;"
+        "import sys; sys.modules['OpenSSL'] = None;"
+        "import json, pipelines.weights.ring;"
         "print(json.dumps({n: m.__file__ for n, m in sys.modules.items()"
         " if getattr(m, '__file__', None)}))"
     )
