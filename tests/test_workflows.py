@@ -1,8 +1,9 @@
 """The GitHub workflows pass actionlint (with shellcheck) and zizmor, offline; both fail on an
 action that is not pinned by commit SHA; the README names every secret and variable they use;
-deploy stages the Docker-host rings' weights, and outlasts its own waits; zizmor's auditor persona
-finds only what the README justifies, only main's build signs, and deploy and bench refuse any
-other ref in their first step."""
+deploy stages the Docker-host rings' weights (not one member's), and outlasts its own waits;
+zizmor's auditor persona finds only what the README justifies, only main's build signs, and
+deploy and bench refuse any other ref, and any profile not among their choices, in their first
+step."""
 
 from __future__ import annotations
 
@@ -147,7 +148,10 @@ def test_deploy_stages_the_weights_of_exactly_the_docker_host_rings():
             check=True,
         ).stdout
         staged[name] = any(re.match(pattern, line) for line in listed.splitlines())
-    expected = {name: load_profile(name).deploy == "docker" for name in profiles}
+    expected = {
+        name: load_profile(name).deploy == "docker" and len(load_profile(name).members) > 1
+        for name in profiles
+    }
     assert staged == expected
     assert True in staged.values()
 
@@ -207,8 +211,11 @@ def test_only_mains_build_step_holds_the_attestation_signing_key():
     assert holders == [("build.yml", "rings", "github.event_name == 'push'")]
 
 
-def first_step_run(workflow: str, github: dict[str, str]) -> subprocess.CompletedProcess:
-    """The workflow's first step run by bash, its `env` filled from the `github` context given."""
+def first_step_run(
+    workflow: str, github: dict[str, str], profile: str = "tp3-ring"
+) -> subprocess.CompletedProcess:
+    """The workflow's first step run by bash, its `env` filled from the `github` context given,
+    for the job's matrix profile."""
     job = yaml.safe_load((REPO / ".github" / "workflows" / workflow).read_text())["jobs"]
     (first, *_) = next(iter(job.values()))["steps"]
     env = {
@@ -217,7 +224,7 @@ def first_step_run(workflow: str, github: dict[str, str]) -> subprocess.Complete
     }
     return subprocess.run(
         ["bash", "-euo", "pipefail", "-c", first["run"]],
-        env={"PATH": "/usr/bin:/bin", **env},
+        env={"PATH": "/usr/bin:/bin", "PROFILE": profile, **env},
         capture_output=True,
         text=True,
     )
@@ -243,3 +250,21 @@ def test_deploy_and_bench_refuse_a_ref_other_than_main_in_their_first_step(workf
     ):
         passed = first_step_run(workflow, main)
         assert (passed.returncode, passed.stdout) == (0, "")
+
+
+@pytest.mark.parametrize("workflow", ["deploy.yml", "bench.yml"])
+def test_deploy_and_bench_refuse_a_profile_not_among_the_dispatch_choices_in_one_line(workflow):
+    """The first step knows exactly the dispatch's choices: SPARKFORGE_RING_PROFILES (and act)
+    can name any other, which stops there, not in doit after the install."""
+    verb = workflow.removesuffix(".yml")
+    on = yaml.safe_load((REPO / ".github" / "workflows" / workflow).read_text())[True]
+    choices = on["workflow_dispatch"]["inputs"]["profile"]["options"]
+    for profile in choices:
+        passed = first_step_run(workflow, {"ref": "refs/heads/main"}, profile)
+        assert (passed.returncode, passed.stdout) == (0, ""), profile
+    refused = first_step_run(workflow, {"ref": "refs/heads/main"}, "tp5-ring")
+    assert refused.returncode == 2
+    assert refused.stdout == (
+        f"::error::{verb}: no profile 'tp5-ring' (expected tp3-ring, tp4-ring, local or"
+        " local-ring)\n"
+    )

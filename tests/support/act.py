@@ -1,0 +1,184 @@
+"""The one way the tests run a workflow: act, on the self-hosted platform (the job runs on this
+machine, as on a lab's runner), every action mapped to its stand-in in tests/actions/, nothing
+fetched, secrets and variables from files, its HOME and caches under a folder of the test's own."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent.parent
+ACT = Path(sys.executable).parent / "act"
+STAND_INS = REPO / "tests" / "actions"
+# Which stand-in answers for which action; the exact refs come from the workflows themselves.
+STAND_IN_FOR = {
+    "actions/checkout": "checkout",
+    "actions/upload-artifact": "upload-artifact",
+    "actions/setup-python": "setup-python",
+    "docker/login-action": "login-action",
+    "docker/setup-buildx-action": "setup-buildx",
+}
+USES = re.compile(r"uses: ([\w.-]+/[\w.-]+)@([0-9a-f]{40})")
+# act prints each step's summary in its log: `[job]   ⚙  Summary - FIRST LINE`, then the other
+# lines as they are, up to the next line of the log (which starts with `[job]`).
+SUMMARY = re.compile(r"^\[[^\]]+\]\s+\u2699\s+Summary - (.*)$")
+TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class ActRun:
+    """What one act run left: its exit code, its log, the job summaries, the artifacts folder."""
+
+    returncode: int
+    log: str
+    summary: str
+    artifacts: Path
+
+
+@dataclass(frozen=True)
+class Started:
+    """An act run under way: its process, and its folder (the log is folder/act.log)."""
+
+    process: subprocess.Popen[bytes]
+    folder: Path
+
+    def log(self) -> str:
+        """What act printed so far."""
+        return (self.folder / "act.log").read_text(errors="replace")
+
+
+def pinned_actions() -> set[tuple[str, str]]:
+    """Every (owner/name, sha) the workflows use."""
+    return {
+        match
+        for workflow in (REPO / ".github" / "workflows").glob("*.yml")
+        for match in USES.findall(workflow.read_text())
+    }
+
+
+def local_repositories() -> list[str]:
+    """act's --local-repository flags: each pinned action to its stand-in (an unknown one fails
+    here, by name, rather than being fetched)."""
+    flags = []
+    for action, sha in sorted(pinned_actions()):
+        if action in STAND_IN_FOR:
+            flags += ["--local-repository", f"{action}@{sha}={STAND_INS / STAND_IN_FOR[action]}"]
+    return flags
+
+
+def dotenv(values: dict[str, str]) -> str:
+    """KEY="value" lines act's --secret-file and --var-file read (multi-line values escaped)."""
+    return "".join(f"{name}={json.dumps(value)}\n" for name, value in values.items())
+
+
+def start_act(
+    workflow: str,
+    event: str,
+    payload: dict,
+    *,
+    folder: Path,
+    secrets: dict[str, str],
+    variables: dict[str, str],
+    env: dict[str, str],
+    repository: str,
+    platforms: tuple[str, ...] = ("self-hosted",),
+    job: str | None = None,
+) -> Started:
+    """`act EVENT -W .github/workflows/WORKFLOW` with the payload, on the host, started in folder
+    (its HOME, caches, secret and variable files, log and artifacts are all there)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    home, artifacts = folder / "home", folder / "artifacts"
+    for made in (home, artifacts):
+        made.mkdir(exist_ok=True)
+    (folder / "event.json").write_text(json.dumps(payload))
+    (folder / "secrets").write_text(dotenv(secrets))
+    (folder / "secrets").chmod(0o600)
+    (folder / "vars").write_text(dotenv(variables))
+    command = [
+        str(ACT),
+        event,
+        "-W",
+        f".github/workflows/{workflow}",
+        "-e",
+        str(folder / "event.json"),
+        "--secret-file",
+        str(folder / "secrets"),
+        "--var-file",
+        str(folder / "vars"),
+        # Named, so a stray .env or .input in the checkout is never read.
+        "--env-file",
+        str(folder / "no.env"),
+        "--input-file",
+        str(folder / "no.input"),
+        "--action-cache-path",
+        str(folder / "act-cache"),
+        "--cache-server-path",
+        str(folder / "act-cache-server"),
+        "--no-cache-server",
+        "--action-offline-mode",
+        # github.repository (act would make one of the checkout's remote)
+        "--env",
+        f"GITHUB_REPOSITORY={repository}",
+        "--no-skip-checkout",
+        *[flag for label in platforms for flag in ("-P", f"{label}=-self-hosted")],
+        *(["-j", job] if job else []),
+        *local_repositories(),
+    ]
+    environment = {
+        **env,
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        # The runner's python3: the one the tests run on (Debian's 3.11.2 lacks tarfile's
+        # extraction filters, which the image normalizer uses).
+        "PATH": f"{Path(sys.base_prefix) / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin",
+        "STANDIN_REPOSITORY": str(REPO),
+        "STANDIN_ARTIFACTS": str(artifacts),
+    }
+    with (folder / "act.log").open("w") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    return Started(process, folder)
+
+
+def finish(started: Started, timeout: float = TIMEOUT_S) -> ActRun:
+    """The run once act has exited (killed past timeout)."""
+    try:
+        returncode = started.process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        started.process.kill()
+        started.process.wait()
+        raise
+    log = started.log()
+    return ActRun(returncode, log, job_summaries(log), started.folder / "artifacts")
+
+
+def run_act(workflow: str, event: str, payload: dict, **options: Any) -> ActRun:
+    """start_act's run, finished."""
+    return finish(start_act(workflow, event, payload, **options))
+
+
+def job_summaries(log: str) -> str:
+    """The summaries the job's steps wrote, in order, as act's log shows them."""
+    lines: list[str] = []
+    taking = False
+    for line in log.splitlines():
+        if started := SUMMARY.match(line):
+            lines.append(started[1])
+            taking = True
+        elif line.startswith("["):
+            taking = False
+        elif taking:
+            lines.append(line)
+    return "\n".join(lines) + "\n" if lines else ""
