@@ -10,6 +10,7 @@ import tarfile
 import zlib
 from pathlib import Path
 
+import pytest
 from support import stages
 
 from pipelines.images import Images
@@ -88,3 +89,25 @@ def test_another_zlib_gives_the_base_and_the_image_other_keys(tmp_path, monkeypa
     monkeypatch.setattr(zlib, "ZLIB_RUNTIME_VERSION", "1.3.1-other")
     other_base, other_image = keys()
     assert other_base != base and other_image != image
+
+
+@pytest.mark.parametrize("tar_filter", ["data", "fully_trusted"])
+def test_a_tar_is_extracted_on_a_python_without_tar_filters(tmp_path, monkeypatch, tar_filter):
+    # Debian bookworm's python3 (3.11.2) predates PEP 706: no filters, no filter= argument.
+    from pipelines.images.oci import extract_tar
+
+    made = tmp_path / "made.tar"
+    with tarfile.open(made, "w") as tar:
+        info = tarfile.TarInfo("etc/hello")
+        info.size = 6
+        tar.addfile(info, io.BytesIO(b"hello\n"))
+    unfiltered = tarfile.TarFile.extractall
+
+    def extractall_of_3_11_2(self, path=".", members=None, *, numeric_owner=False):
+        return unfiltered(self, path, members, numeric_owner=numeric_owner, filter="fully_trusted")
+
+    monkeypatch.delattr(tarfile, "data_filter")
+    monkeypatch.setattr(tarfile.TarFile, "extractall", extractall_of_3_11_2)
+    with tarfile.open(made) as tar:
+        extract_tar(tar, tmp_path / "out", tar_filter)
+    assert (tmp_path / "out" / "etc" / "hello").read_bytes() == b"hello\n"

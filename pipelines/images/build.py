@@ -24,7 +24,13 @@ from pipelines.images.inputs import (
     image_repository,
     native_platform,
 )
-from pipelines.images.oci import Image, Layers, normalize_saved_image, save_image_index
+from pipelines.images.oci import (
+    Image,
+    Layers,
+    extract_tar,
+    normalize_saved_image,
+    save_image_index,
+)
 from pipelines.images.spec import ImageDir, ImageError
 from pipelines.progress import say
 
@@ -183,7 +189,7 @@ def buildx_build(client: DockerClient | None, plan: BuildPlan, saved: Path) -> N
         context = Path(tmp) / "context"
         extra = full_context(plan, Path(tmp) / "wheels")
         with tarfile.open(fileobj=context_tar(plan.context, plan.epoch, extra)) as tar:
-            tar.extractall(context, filter="data")
+            extract_tar(tar, context, "data")
         log: deque[str] = deque(maxlen=LOG_TAIL)
         with subprocess.Popen(
             buildx_command(plan, context, str(saved)),

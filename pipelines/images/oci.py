@@ -331,6 +331,17 @@ class Layers(Protocol):
         """(blob, diff_id, how it was had: found, restored or normalized)."""
 
 
+def extract_tar(tar: tarfile.TarFile, dest: Path, tar_filter: str) -> None:
+    """Extract a tar with the named filter (PEP 706: "data", "fully_trusted") where Python has
+    filters (3.11.4 on); Debian bookworm's python3 is 3.11.2, which has none and extracts as
+    before filters. Both tars extracted here are this pipeline's own: a context it wrote, an
+    image its engine saved."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(dest, filter=tar_filter)
+    else:
+        tar.extractall(dest)
+
+
 def normalize_saved_image(
     saved: Path, epoch: int, out_dir: Path, layers_cache: Layers | None = None
 ) -> Image:
@@ -338,7 +349,7 @@ def normalize_saved_image(
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         unpacked = Path(tmp)
         with tarfile.open(saved) as tar:
-            tar.extractall(unpacked, filter="fully_trusted")
+            extract_tar(tar, unpacked, "fully_trusted")
         config, layer_paths = read_saved_image(unpacked)
         layers, diff_ids = [], []
         for n, path in enumerate(layer_paths, 1):
