@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Protocol, cast
+from typing import IO, Any, Literal, Protocol, cast
 
 from pipelines.files import fsync_fd
 from pipelines.images.layer_format import GZIP_LEVEL
@@ -331,7 +331,9 @@ class Layers(Protocol):
         """(blob, diff_id, how it was had: found, restored or normalized)."""
 
 
-def extract_tar(tar: tarfile.TarFile, dest: Path, tar_filter: str) -> None:
+def extract_tar(
+    tar: tarfile.TarFile, dest: Path, tar_filter: Literal["data", "fully_trusted"]
+) -> None:
     """Extract a tar with the named filter (PEP 706: "data", "fully_trusted") where Python has
     filters (3.11.4 on); Debian bookworm's python3 is 3.11.2, which has none and extracts as
     before filters. Both tars extracted here are this pipeline's own: a context it wrote, an
