@@ -113,3 +113,17 @@ def test_a_run_index_with_a_field_of_the_wrong_type_is_one_line_exit_2(tmp_path)
     assert result.stderr == (
         f"error: {run / INDEX}: field 'gate.0.baseline': expected `float`, got `str`\n"
     )
+
+
+def test_two_deployments_of_one_image_and_commit_have_two_names_on_the_plot():
+    # A profile's env changed (decode rate 410 -> 360): same image, same commit, two deployments.
+    from pipelines.bench.history import Deployment, Entry, label
+
+    def entry(manifests_key: str) -> Entry:
+        deployment = Deployment(
+            image="r/local-sim@sha256:" + "6" * 64, manifests_key=manifests_key, deployed_git="2c92"
+        )
+        return Entry("local", 0.0, "passed", deployment, [], {})
+
+    assert label(entry("7a4760ef" + "0" * 56)) != label(entry("d3f1e19e" + "0" * 56))
+    assert label(entry("7a4760ef" + "0" * 56)).startswith("7a4760ef\n")

@@ -126,9 +126,11 @@ def last_deployments(entries: list[Entry], last: int) -> list[Entry]:
 
 
 def label(entry: Entry) -> str:
-    """A deployment's short name on the plot: its deployed git and image digest's start."""
-    digest = (entry.deployment.image or "").rpartition("sha256:")[2][:8]
-    return f"{(entry.deployment.deployed_git or '?')[:8]}\n{digest or '-'}"
+    """A deployment's short name on the plot: its manifests key's start (what tells apart two
+    deployments of one image and commit, e.g. a changed env), deployed git, image digest's."""
+    d = entry.deployment
+    digest = (d.image or "").rpartition("sha256:")[2][:8]
+    return f"{(d.manifests_key or '?')[:8]}\n{(d.deployed_git or '?')[:8]} {digest or '-'}"
 
 
 def history_figure(entries: list[Entry], profile: str) -> Any:
