@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -90,7 +91,9 @@ def test_five_deployments_of_local_are_plotted_and_two_runs_compared(tmp_path):
     assert first == f"{runs[1]} ({verdicts[1]}) -> {runs[2]} (failed)"
     lines = compared.stdout.splitlines()
     window = next(x for x in lines if x.startswith("c1.median_window_tok_s: "))
-    assert window.endswith("(intervals apart)") and (" -19." in window or " -20." in window)
+    # The simulator 20% slower, measured on a busy machine (CI's two cores: -21.0% seen once).
+    change = float(re.search(r" ([+-][0-9.]+)% \(intervals apart\)$", window).group(1))
+    assert -25 < change < -15, window
     assert f"gate decode.c1.median_window_tok_s: {verdicts[1]} -> regressed" in lines
 
     missing = command(tmp_path, "pipelines.bench", "compare", str(runs[0]), str(area / "nope"))
