@@ -236,10 +236,16 @@ def test_two_builds_at_once_on_one_store_both_finish_with_the_same_outputs(stack
     both = set(keys[0]) & set(keys[1])  # a step the other finished first is up to date: no line
     assert {k: keys[0][k] for k in both} == {k: keys[1][k] for k in both}
     store = Store(tmp_path / "store")
-    # One output of each step, whoever made it: records/<step>/<key>.json.
+    # One output of each step, whoever made it: records/<step>/<key>.json. Normalized layers
+    # ("layer", one record per layer of an image built here) are outputs the image step makes,
+    # not steps of the graph; where the registry already held the image there are none.
     made = {p.name: [r.stem for r in p.iterdir()] for p in (store.root / "records").iterdir()}
+    layers = made.pop("layer", [])
     assert {"profile", "image", "render", "patch_config"} <= set(made)
     assert all(len(made_keys) == 1 for made_keys in made.values()), made
+    # Each layer normalized once, by whichever build held the image step's lock.
+    normalized = [re.findall(r"^image: .*normalized", out, re.M) for out in outputs]
+    assert sum(len(lines) for lines in normalized) <= len(layers), normalized
     lock = load_lock(lock_path("dsv41-flash-synthetic"))
     folder = store.root / "weights" / "models" / cache_key(lock.source)
     staged = sorted(os.listdir(folder))

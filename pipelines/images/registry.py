@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 # a GB10 layer is gigabytes, and one cut connection must not start it again from zero.
 UPLOAD_CHUNK = 32 << 20
 UPLOAD_RESUMES = 5  # cut connections one blob survives
+# An upload session the registry no longer knows (404 BLOB_UPLOAD_UNKNOWN/INVALID) or whose
+# size is not the offset sent (416).
+GIVEN_UP = (404, 416)
 PUSHERS = 4  # blobs uploaded at once
 OCTETS = "application/octet-stream"
 PROGRESS_BLOB = 64 << 20  # blobs this big get their own progress line
@@ -263,8 +266,8 @@ class Registry:
     def push_blob(self, repo: str, digest: str, path: Path, progress: ProgressSink) -> bool:
         """Upload one blob unless present, in chunks (the API's PATCH with Content-Range). After
         a cut, the upload goes on from where the registry says it stands; a registry that gave
-        the session up (distribution does, once a chunk arrived in part) gets a new session from
-        byte 0. True when it was sent."""
+        the session up (distribution does, once a chunk arrived in part), then or later, gets a
+        new session from byte 0. True when it was sent."""
         if self.has_blob(repo, digest):
             return False
         location = self._start_upload(repo)
@@ -283,6 +286,13 @@ class Registry:
                         raise
                     sent += len(chunk)
                     location, offset = self._resume(repo, location)
+                    continue
+                if r.status in GIVEN_UP and offset and resumes < UPLOAD_RESUMES:
+                    # The session ended under us: after a cut, the registry can answer where
+                    # it stands before it has failed the cut chunk and dropped the session.
+                    resumes += 1
+                    sent += len(chunk)
+                    location, offset = self._start_upload(repo), 0
                     continue
                 self._check(r, f"upload {digest} to {repo} at {offset}")
                 location = self._absolute(r.headers.get("Location", location))
