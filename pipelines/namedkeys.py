@@ -5,6 +5,10 @@ A secret key is `name:` and the base64 of the 32-byte seed (or of seed and publi
 as Nix's `nix key generate-secret` writes); a public key is `name:` and the base64 of its 32 raw
 bytes. Several keys are trusted at once, by name, so a key is rotated by trusting the new one
 before signing with it and revoked by no longer listing it.
+
+A KeyKind is one kind of signing key (ed25519 for attestations, P-256 for the model, in
+pipelines/weights/modelkeys.py): which key signs (the environment, the file it names, the local
+stack's own) and which are trusted, chosen the same way for every kind.
 """
 
 from __future__ import annotations
@@ -16,18 +20,22 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from pipelines.errors import BadInput
+from pipelines.files import create_once
 
 NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 SECRET_FORM = "name:base64 of an ed25519 seed (32 bytes) or seed and public key (64)"
 PUBLIC_FORM = "name:base64 of an ed25519 public key (32 raw bytes)"
 KeyT = TypeVar("KeyT", bound="Named")
+PublicT = TypeVar("PublicT", bound="Named")
+PublicT_co = TypeVar("PublicT_co", bound="Named", covariant=True)
+SecretT = TypeVar("SecretT", bound="Secret[Named]")
 
 
 @dataclass(frozen=True)
@@ -167,10 +175,67 @@ def keygen(name: str, path: Path) -> str:
     return key.public.text
 
 
-def read_secret_file(path: Path, setting: str) -> SigningKey:
-    """The secret key in the file a setting names; one line when it cannot be read."""
+class Secret(Protocol[PublicT_co]):
+    """A secret key of any type: its name, its stored `name:base64` text and its public half."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def public(self) -> PublicT_co: ...
+
+
+def read_key_file(path: Path, setting: str, parse: Callable[[str, str], KeyT]) -> KeyT:
+    """The key in the file a setting names, parsed by parse; one line when it cannot be read."""
     try:
         text = path.read_text()
     except OSError as err:
         raise BadInput(f"{setting}={path}: cannot read the key file ({err.strerror})") from None
-    return signing_key(text, f"{path} (named by {setting})")
+    return parse(text, f"{path} (named by {setting})")
+
+
+@dataclass(frozen=True)
+class KeyKind(Generic[SecretT, PublicT]):
+    """One kind of signing key (the attestations', the model's): its parsers, its maker, the
+    settings that name it, and the local stack's own key of that kind."""
+
+    parse_secret: Callable[[str, str], SecretT]
+    parse_public: Callable[[str, str], PublicT]
+    generate: Callable[[str], SecretT]
+    signing_env: str
+    file_env: str
+    trusted_env: str
+    local_name: str
+    local_label: str
+
+    def local(self, keys: Path) -> SecretT:
+        """The local stack's key in the folder keys (the store's, git-ignored), made on first use
+        (mode 600; two makers at once end with one key: the second link fails, it reads the
+        first's)."""
+        path = keys / f"{self.local_name}.key"
+        if not path.exists():
+            create_once(path, (self.generate(self.local_name).text + "\n").encode())
+        return read_key_file(path, self.local_label, self.parse_secret)
+
+    def signer(
+        self, text: str | None, path: Path | None, local_keys: Path | None
+    ) -> SecretT | None:
+        """The signing key: text (from signing_env), else the file path (from file_env) names,
+        else (a local-stack profile, local_keys its store's key folder) the store's own; else
+        none."""
+        if text:
+            return self.parse_secret(text, f"environment {self.signing_env}")
+        if path:
+            return read_key_file(path, f"environment {self.file_env}", self.parse_secret)
+        return self.local(local_keys) if local_keys else None
+
+    def trusted(self, texts: Iterable[str], own: Secret[PublicT] | None) -> dict[str, PublicT]:
+        """The trusted keys texts (from trusted_env) by name, and own's public half (the key a
+        local stack signs with) when its name is not among them."""
+        keys = trusted_by_name(texts, f"environment {self.trusted_env}", self.parse_public)
+        if own is not None and own.name not in keys:
+            keys[own.name] = own.public
+        return keys

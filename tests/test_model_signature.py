@@ -15,12 +15,15 @@ from pathlib import Path
 import pytest
 
 from pipelines.errors import BadInput
+from pipelines.settings import read_settings
 from pipelines.weights.lock import Lock, LockEntry
 from pipelines.weights.modelkeys import (
     generate_model_key,
     local_model_key,
     model_public_key,
+    model_signer,
     model_signing_key,
+    model_trusted,
     trusted_model_keys,
 )
 from pipelines.weights.signature import (
@@ -224,6 +227,27 @@ SCALAR = bytes(range(1, 33))
 
 def b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode()
+
+
+def test_the_model_key_comes_from_its_own_settings_and_a_local_stack_trusts_its_own(tmp_path):
+    path = tmp_path / "k"
+    path.write_text(f"from-file:{b64(SCALAR)}")
+    by_file = read_settings({"SPARKFORGE_MODEL_SIGNING_KEY_FILE": str(path)})
+    assert model_signer(by_file, tmp_path).name == "from-file"  # type: ignore[union-attr]
+    # The attestations' settings do not name the model's key.
+    assert model_signer(read_settings({"SPARKFORGE_SIGNING_KEY_FILE": str(path)}), None) is None
+    missing = read_settings({"SPARKFORGE_MODEL_SIGNING_KEY_FILE": str(tmp_path / "none")})
+    with pytest.raises(BadInput) as err:
+        model_signer(missing, None)
+    assert str(err.value) == (
+        f"environment SPARKFORGE_MODEL_SIGNING_KEY_FILE={tmp_path / 'none'}:"
+        " cannot read the key file (No such file or directory)"
+    )
+    local = read_settings({})
+    own = model_signer(local, tmp_path / "keys")
+    assert own is not None and own.name == "local-stack-model"
+    assert model_trusted(local, tmp_path / "keys") == {"local-stack-model": own.public}
+    assert model_trusted(local, None) == {}
 
 
 def test_a_model_key_is_named_p256_its_public_half_compressed_and_its_secret_never_shown():

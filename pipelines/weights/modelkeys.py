@@ -22,8 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from pipelines.errors import BadInput, run_main
-from pipelines.files import create_once
-from pipelines.namedkeys import NAME, split_named, trusted_by_name, write_secret
+from pipelines.namedkeys import NAME, KeyKind, split_named, trusted_by_name, write_secret
 
 if TYPE_CHECKING:
     from pipelines.settings import Settings
@@ -129,42 +128,37 @@ def generate_model_key(name: str) -> ModelSigningKey:
     return ModelSigningKey(name, ec.generate_private_key(CURVE))
 
 
-def read_model_key_file(path: Path, setting: str) -> ModelSigningKey:
-    """The secret model key in the file a setting names; one line when it cannot be read."""
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise BadInput(f"{setting}={path}: cannot read the key file ({err.strerror})") from None
-    return model_signing_key(text, f"{path} (named by {setting})")
+MODEL_KEYS = KeyKind(
+    parse_secret=model_signing_key,
+    parse_public=model_public_key,
+    generate=generate_model_key,
+    signing_env=SIGNING_ENV,
+    file_env=FILE_ENV,
+    trusted_env=TRUSTED_ENV,
+    local_name=LOCAL_MODEL_KEY,
+    local_label="the local stack's model key",
+)
 
 
 def local_model_key(keys: Path) -> ModelSigningKey:
     """The local stack's model key in the folder keys (the store's, git-ignored), made once."""
-    path = keys / f"{LOCAL_MODEL_KEY}.key"
-    if not path.exists():
-        create_once(path, (generate_model_key(LOCAL_MODEL_KEY).text + "\n").encode())
-    return read_model_key_file(path, "the local stack's model key")
+    return MODEL_KEYS.local(keys)
 
 
 def model_signer(settings: Settings, local_keys: Path | None) -> ModelSigningKey | None:
     """The key that signs the model: SPARKFORGE_MODEL_SIGNING_KEY, else the file
     SPARKFORGE_MODEL_SIGNING_KEY_FILE names, else (a local-stack profile, local_keys its store's
     key folder) the store's own; else none."""
-    if settings.model_signing_key:
-        return model_signing_key(settings.model_signing_key, f"environment {SIGNING_ENV}")
-    if settings.model_signing_key_file:
-        return read_model_key_file(settings.model_signing_key_file, f"environment {FILE_ENV}")
-    return local_model_key(local_keys) if local_keys else None
+    return MODEL_KEYS.signer(
+        settings.model_signing_key, settings.model_signing_key_file, local_keys
+    )
 
 
 def model_trusted(settings: Settings, local_keys: Path | None) -> dict[str, ModelPublicKey]:
     """The keys whose model signatures are accepted: SPARKFORGE_MODEL_TRUSTED_KEYS, and for a
     local-stack profile the key this machine signs with."""
-    keys = trusted_model_keys(settings.model_trusted_keys, f"environment {TRUSTED_ENV}")
     own = model_signer(settings, local_keys) if local_keys else None
-    if own is not None and own.name not in keys:
-        keys[own.name] = own.public
-    return keys
+    return MODEL_KEYS.trusted(settings.model_trusted_keys, own)
 
 
 def main(argv: list[str] | None = None) -> int:
