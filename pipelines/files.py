@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -90,24 +90,35 @@ def fsync_tree(root: Path) -> None:
         fsync_dir(Path(dirpath))
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write a file whole or not at all: a new temp file (created with mode), fsync, rename.
-
-    A new inode each time, so a hard link to the old file is never written through.
-    """
+def write_temp(path: Path, data: bytes, mode: int) -> Path:
+    """A new file beside path (a hidden temp name of its own) holding data, fsynced; nothing is
+    left behind when the write fails."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
+    # A random part: two writers of one path (processes or threads) never share a temp file.
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
     # Created with its final mode: a chmod afterwards would leave a readable window.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        temp.unlink(missing_ok=True)
+        raise
+    return temp
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write a file whole or not at all: a new temp file (created with mode), fsync, rename.
+
+    A new inode each time, so a hard link to the old file is never written through.
+    """
+    temp = write_temp(path, data, mode)
+    try:
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
 
@@ -116,20 +127,14 @@ def create_once(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Create path holding data unless it exists: written whole under a temp name (mode from
     the start), then linked in; of two makers at once the second's link fails and the first's
     file stays (a key is never replaced, and no reader sees half of it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    temp = write_temp(path, data, mode)
     try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         # link, not rename: an existing file is never replaced.
         os.link(temp, path)
     except FileExistsError:
         pass
     finally:
-        os.unlink(temp)
+        temp.unlink()
     fsync_dir(path.parent)
 
 
