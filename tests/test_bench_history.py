@@ -130,3 +130,19 @@ def test_two_deployments_of_one_image_and_commit_have_two_names_on_the_plot():
 
     assert label(entry("7a4760ef" + "0" * 56)) != label(entry("d3f1e19e" + "0" * 56))
     assert label(entry("7a4760ef" + "0" * 56)).startswith("7a4760ef\n")
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "line"),
+    [
+        ([100.0], [80.0], "w: 100 -> 80 -20.0% (one run each: no interval)"),
+        ([100.0], [80.0, 82.0], "w: 100 -> 81 [80..82] -19.0% (one run in A: no interval)"),
+        ([100.0, 102.0], [80.0], "w: 101 [100..102] -> 80 -20.8% (one run in B: no interval)"),
+        ([100.0, 102.0], [80.0, 82.0], "w: 101 [100..102] -> 81 [80..82] -19.8% (intervals apart)"),
+    ],
+    ids=["one run each", "one in A", "one in B", "runs each"],
+)
+def test_a_side_of_one_run_is_compared_without_an_interval(a, b, line):
+    from pipelines.bench.history import change_line
+
+    assert change_line("w", a, b) == line

@@ -197,12 +197,26 @@ def compare_lines(a: Entry, b: Entry) -> list[str]:
 
 
 def change_line(name: str, a: list[float], b: list[float]) -> str:
-    """One figure of two runs: means, intervals, change, overlap."""
+    """One figure of two runs: means, intervals, change, and whether the intervals are apart
+    (a side of one run has a point, not an interval: nothing to be apart)."""
     ma, mb = sum(a) / len(a), sum(b) / len(b)
-    ia, ib = bootstrap_interval(a), bootstrap_interval(b)
-    apart = ia[1] < ib[0] or ib[1] < ia[0]
     change = f"{(mb - ma) / ma:+.1%}" if ma else "n/a"
-    return (
-        f"{name}: {ma:.4g} [{ia[0]:.4g}..{ia[1]:.4g}] -> {mb:.4g} [{ib[0]:.4g}..{ib[1]:.4g}]"
-        f" {change} ({'intervals apart' if apart else 'intervals overlap'})"
-    )
+    return f"{name}: {figure(a)} -> {figure(b)} {change} ({separation(a, b)})"
+
+
+def figure(values: list[float]) -> str:
+    """A figure's mean over the runs, with its 95% interval when there are two runs or more."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return f"{mean:.4g}"
+    low, high = bootstrap_interval(values)
+    return f"{mean:.4g} [{low:.4g}..{high:.4g}]"
+
+
+def separation(a: list[float], b: list[float]) -> str:
+    """Whether the intervals of A and B are apart, or which side has one run (no interval)."""
+    single = [side for side, values in (("A", a), ("B", b)) if len(values) < 2]
+    if single:
+        return ("one run each" if len(single) == 2 else f"one run in {single[0]}") + ": no interval"
+    ia, ib = bootstrap_interval(a), bootstrap_interval(b)
+    return "intervals apart" if ia[1] < ib[0] or ib[1] < ia[0] else "intervals overlap"
