@@ -3,6 +3,7 @@ against the code and the lock they come from (the image itself runs in test_depl
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import re
 import shutil
@@ -36,36 +37,53 @@ def pins_with_hashes(text: str) -> dict[str, tuple[str, frozenset[str]]]:
     return found
 
 
-def member_imports() -> dict[str, str]:
+def member_lib(lib: Path) -> Path:
+    """lib made the member's site folder: links to the top-level modules of each distribution
+    the stager's requirements pin, as the project's venv has them (at the pinned version: the
+    stager's pins are the lock's, which the venv installs; a test below keeps them equal)."""
+    image = load_image(STAGER)
+    pins = pins_with_hashes((image.path / image.spec.wheels.requirements).read_text())
+    for name, (version, _) in pins.items():
+        dist = importlib.metadata.distribution(name)
+        assert dist.version == version, f"{name}: the venv has {dist.version}, the stager {version}"
+        tops = {f.parts[0] for f in dist.files or () if f.parts[0] not in ("..", "__pycache__")}
+        for top in tops - {t for t in tops if t.endswith((".dist-info", ".data"))}:
+            (lib / top).symlink_to(dist.locate_file(top))
+    return lib
+
+
+def member_imports(lib: Path) -> dict[str, str]:
     """Module -> file of everything `python -m pipelines.weights.ring` imports (modules with a
-    file only), asked of a fresh Python without pyOpenSSL, as the member's is."""
-    # pyOpenSSL (model-signing's, in the project's venv) is not among the member's wheels:
-    # botocore imports it only when present, so the member's Python does without, as here.
+    file only), asked of a Python that has only what the member's has: the standard library,
+    the stager's wheels (member_lib) and this checkout's code."""
+    # -I -S: no site-packages, no .pth (the venv's editable install names the main checkout),
+    # no PYTHONPATH. What the venv has beyond the wheels (pyOpenSSL, which botocore imports
+    # only where it is installed) cannot be imported, as in the image.
     code = (
-        "import sys; sys.modules['OpenSSL'] = None;"
+        f"import sys; sys.path[:0] = [{str(lib)!r}, {str(REPO_ROOT)!r}];"
         "import json, pipelines.weights.ring;"
         "print(json.dumps({n: m.__file__ for n, m in sys.modules.items()"
         " if getattr(m, '__file__', None)}))"
     )
     out = subprocess.run(
-        [sys.executable, "-I", "-c", code], cwd=REPO_ROOT, capture_output=True, text=True
+        [sys.executable, "-I", "-S", "-c", code], cwd=lib, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
 
-def member_closure() -> set[str]:
+def member_closure(lib: Path) -> set[str]:
     """The project files the member imports, relative to the repository."""
     return {
         str(Path(f).relative_to(REPO_ROOT))
-        for name, f in member_imports().items()
+        for name, f in member_imports(lib).items()
         if name.split(".")[0] == "pipelines"
     }
 
 
-def test_the_image_carries_exactly_the_members_import_closure_and_what_it_stages_with():
+def test_the_image_carries_exactly_the_members_import_closure_and_what_it_stages_with(tmp_path):
     image = load_image(STAGER)
-    closure = member_closure()
+    closure = member_closure(member_lib(tmp_path))
     # stage.py is imported only once the member is complete (--stage-into).
     assert set(image.spec.project_files) == closure | {"pipelines/weights/stage.py"}
     assert "pipelines/weights/tasks.py" not in closure  # no doit in the member
@@ -80,10 +98,10 @@ def test_the_images_wheels_are_requirements_lock_pins_and_hashes():
         assert locked[name] == (version, hashes), name
 
 
-def test_every_third_party_module_the_member_imports_has_its_wheel():
+def test_every_third_party_module_the_member_imports_has_its_wheel(tmp_path):
     image = load_image(STAGER)
     wanted = set(pins_with_hashes((image.path / image.spec.wheels.requirements).read_text()))
-    top = {name.split(".")[0] for name in member_imports()}
+    top = {name.split(".")[0] for name in member_imports(member_lib(tmp_path))}
     outside = {
         name
         for name in top - set(sys.stdlib_module_names) - {"pipelines"}
