@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import zlib
 from pathlib import Path
@@ -19,9 +18,8 @@ from typing import Any
 from pipelines.errors import PipelineError
 from pipelines.images.layer_format import layer_format
 from pipelines.images.oci import LAYER_TYPE, Blob, normal_diff_id, normalize_layer
-from pipelines.keys import canonical_json, key_material, step_key
+from pipelines.keys import key_material, step_key
 from pipelines.progress import say
-from pipelines.statcache import StatCache, stat_key
 from pipelines.steps import RemoteCache
 from pipelines.store import Store, read_record
 
@@ -39,12 +37,6 @@ def layer_key(diff_id: str) -> str:
     """The key of a layer's gzipped form: its normalized tar (diff_id) and the compressor."""
     params = {"format": layer_format()}
     return step_key(key_material(RECIPE, VERSION, params, {"layer.tar": diff_id}, {}))
-
-
-def diff_id_tag(epoch: int) -> str:
-    """What a remembered diff_id was computed under: the normalizer's format and the epoch
-    (both change the normalized tar, so an answer under others is not this one)."""
-    return hashlib.sha256(canonical_json({"format": layer_format(), "epoch": epoch})).hexdigest()
 
 
 def read_index(out: Path) -> tuple[str, str, int]:
@@ -93,14 +85,11 @@ class LayerCache:
     def __init__(self, store: Store, remote: RemoteCache | None = None):
         self.store = store
         self.remote = remote
-        # The project's stat cache, in a file of its own: its values here are diff_ids (of the
-        # normalized tar), not the sha256 of the file's bytes that the store's holds.
-        self.diff_ids = StatCache(store.area("layer-diff-ids") / "statcache.sqlite3")
 
     def normalize(self, layer_tar: Path, epoch: int) -> tuple[Blob, str, str]:
         """(blob, diff_id, how): how is found (this store), restored (the remote cache) or
         normalized (here, and shared through the remote cache when it is writable)."""
-        diff_id = self.diff_id(layer_tar, epoch)
+        diff_id = normal_diff_id(layer_tar, epoch)
         key = layer_key(diff_id)
         if self.store.has(key):
             return (*self._stored(key), "found")
@@ -117,21 +106,6 @@ class LayerCache:
         if built:
             self._share(key)
         return (*self._stored(key), "normalized" if built else "found")
-
-    def diff_id(self, layer_tar: Path, epoch: int) -> str:
-        """normal_diff_id of the tar, remembered by its stat (device, inode, size, mtime,
-        ctime): a tar handed back unchanged is not read again."""
-        path, st, tag = layer_tar.absolute(), os.stat(layer_tar), diff_id_tag(epoch)
-        remembered = self.diff_ids.lookup(path, st)
-        if remembered is not None:
-            got, _, diff_id = remembered.partition(" ")
-            # A row of another format or epoch, or not a digest (local state, read as hostile).
-            if got == tag and DIGEST.fullmatch(diff_id):
-                return diff_id
-        diff_id = normal_diff_id(layer_tar, epoch)
-        # Recorded only if the stat did not move during the pass (record checks it again).
-        self.diff_ids.record([(path, stat_key(st), f"{tag} {diff_id}")])
-        return diff_id
 
     def _stored(self, key: str) -> tuple[Blob, str]:
         """The blob and diff_id of a layer this store holds (its own output: size checked)."""
