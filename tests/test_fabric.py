@@ -364,6 +364,12 @@ class Replay:
             for rank, doc in enumerate(members)
         ]
 
+    def strays(self, docs):
+        return []  # nothing was applied: nothing an earlier render left
+
+    def prune(self, strays):
+        return []
+
 
 def fabric_stage(
     tmp_path: Path, name: str, replay, expect: str = "", timeout_s: float = 900
@@ -455,7 +461,7 @@ def test_a_member_that_does_not_finish_is_a_failure_line(tmp_path):
 # --- the Docker launcher on the local stack's two engines (one over ssh://) ---
 
 
-LABELLED = {"label": "dev.sparkforge.fabric"}
+LABELLED = {"label": "dev.sparkforge.part=fabric"}
 
 
 def busybox_image(client, tag: str) -> str:
