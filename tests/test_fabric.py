@@ -22,6 +22,8 @@ from kube_api import KubeDouble, KubeServer, job_status
 from support import stages
 
 import devstack as local_stack
+from pipelines.deploy.dockerhosts import DockerHosts
+from pipelines.deploy.plan import Deployment
 from pipelines.fabric import Fabric, fabric_refusal, fabric_verdict
 from pipelines.fabric.expect import (
     TOLERANCE,
@@ -608,7 +610,9 @@ def test_a_run_with_wrong_values_fails_the_check_naming_the_row_or_line(tmp_path
     assert run.stdout.splitlines()[1:] == [line, "fabric: failed (P2P)"]
 
 
-def test_the_docker_launcher_prunes_its_profiles_fabric_containers_the_plans_lack(stack):
+def test_the_docker_launcher_prunes_its_profiles_fabric_containers_the_plans_lack_deploy_none(
+    stack,
+):
     local_stack.export_ssh_environment()
     # A profile of its own: the deploy and fabric tests of local-ring share these engines.
     name = f"fabric-prune-{os.getpid()}"
@@ -633,6 +637,12 @@ def test_the_docker_launcher_prunes_its_profiles_fabric_containers_the_plans_lac
     try:
         for container, labels in planted.items():
             client.containers.create(tag, ["/bin/busybox", "true"], name=container, labels=labels)
+        # The deploy's prune on the same engine, for a deployment of rank 0: the deployed member
+        # of rank 5 is its stray, no fabric container is.
+        deployed = Deployment(name, "k" * 64, tuple(plans[:1]), tag, (url,))
+        hosts = DockerHosts(profile, stack.docker_hosts, timeout_s=5)
+        deploys = [s.what for s in hosts.strays(deployed, None)]
+        hosts.close()
         strays = launcher.strays(plans)
         failed = launcher.prune(strays)
         left = {c.name for c in client.containers.list(all=True) if c.name in planted}
@@ -643,6 +653,7 @@ def test_the_docker_launcher_prunes_its_profiles_fabric_containers_the_plans_lac
         with contextlib.suppress(docker.errors.DockerException):
             client.images.remove(tag, force=True)
         launcher.close()
+    assert deploys == [f"container sparkforge-{name}-5 on {url}"]
     assert [s.what for s in strays] == [f"container sparkforge-{name}-fabric-5 on {url}"]
     assert strays[0].entry == {
         "engine": url,
