@@ -175,10 +175,23 @@ def list_objects(d: KubeDouble, kind: str, namespace: str | None, selector: str)
                 items.append(pod)
     else:
         items = [b for (_, k, ns, _), b in d.objects.items() if k == kind and ns == namespace]
-    if selector:
-        label, value = selector.split("=", 1)
-        items = [i for i in items if i["metadata"].get("labels", {}).get(label) == value]
+    for requirement in filter(None, selector.split(",")):
+        items = [i for i in items if selects(requirement, i["metadata"].get("labels", {}))]
     return {"kind": f"{kind}List", "apiVersion": "v1", "items": items}
+
+
+def selects(requirement: str, labels: dict[str, str]) -> bool:
+    """One requirement of a label selector as the API server reads it: `key=value`,
+    `key==value`, `key!=value` (true without the key too), `!key`, `key`."""
+    if requirement.startswith("!"):
+        return requirement[1:] not in labels
+    if "!=" in requirement:
+        label, value = requirement.split("!=", 1)
+        return labels.get(label) != value
+    if "=" in requirement:
+        label, value = requirement.replace("==", "=", 1).split("=", 1)
+        return labels.get(label) == value
+    return requirement in labels
 
 
 def strict_errors(kind: str, body: dict[str, Any]) -> tuple[list[str], list[str]]:

@@ -68,6 +68,7 @@ BREAKAGES = [
     ("pipelines/deploy/records.py", "import pipelines.gc.builds", "Nothing below gc imports it"),
     ("pipelines/gc/roots.py", "import pipelines.deploy.tasks", "gc reads the stages' records"),
     ("pipelines/weights/tasks.py", "import model_signing", "Only the model's signature"),
+    ("pipelines/targets/pruning.py", "import pipelines.targets.kubeapi", "The pruning shape"),
 ]
 
 

@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -14,12 +15,15 @@ import time
 from pathlib import Path
 
 import docker.errors
+import msgspec
 import pytest
 import yaml
 from kube_api import KubeDouble, KubeServer, job_status
 from support import stages
 
 import devstack as local_stack
+from pipelines.deploy.dockerhosts import DockerHosts
+from pipelines.deploy.plan import Deployment
 from pipelines.fabric import Fabric, fabric_refusal, fabric_verdict
 from pipelines.fabric.expect import (
     TOLERANCE,
@@ -364,6 +368,12 @@ class Replay:
             for rank, doc in enumerate(members)
         ]
 
+    def strays(self, docs):
+        return []  # nothing was applied: nothing an earlier render left
+
+    def prune(self, strays):
+        return []
+
 
 def fabric_stage(
     tmp_path: Path, name: str, replay, expect: str = "", timeout_s: float = 900
@@ -455,7 +465,8 @@ def test_a_member_that_does_not_finish_is_a_failure_line(tmp_path):
 # --- the Docker launcher on the local stack's two engines (one over ssh://) ---
 
 
-LABELLED = {"label": "dev.sparkforge.fabric"}
+# The labels every fabric container of local-ring carries (written out, as `docker ps` shows them).
+LABELLED = {"label": ["dev.sparkforge.profile=local-ring", "dev.sparkforge.part=fabric"]}
 
 
 def busybox_image(client, tag: str) -> str:
@@ -597,6 +608,60 @@ def test_a_run_with_wrong_values_fails_the_check_naming_the_row_or_line(tmp_path
     run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert run.returncode == 1, run.stdout + run.stderr
     assert run.stdout.splitlines()[1:] == [line, "fabric: failed (P2P)"]
+
+
+def test_the_docker_launcher_prunes_its_profiles_fabric_containers_the_plans_lack_deploy_none(
+    stack,
+):
+    local_stack.export_ssh_environment()
+    # A profile of its own: the deploy and fabric tests of local-ring share these engines.
+    name = f"fabric-prune-{os.getpid()}"
+    profile = msgspec.structs.replace(load_profile("local-ring"), name=name)
+    engines = DockerEngines(profile, stack.docker_hosts)
+    launcher = DockerLauncher(profile, engines)
+    url = engines.engines()[0]
+    client = engines.client(MemberHost(0, profile.members[0].node, url))
+    tag = busybox_image(client, f"sparkforge-test/fabric-prune-busybox:{os.getpid()}")
+    fabric = {"dev.sparkforge.profile": name, "dev.sparkforge.part": "fabric"}
+    planted = {
+        # a rank the ring no longer has, left by a killed run: the one stray
+        f"sparkforge-{name}-fabric-5": fabric,
+        # this render's rank 0 (a run in progress): wanted
+        f"sparkforge-{name}-fabric-0": fabric,
+        # the profile's deployed member: deploy's, not the fabric check's
+        f"sparkforge-{name}-5": {"dev.sparkforge.profile": name, "dev.sparkforge.deployment": "k"},
+        # another profile's fabric check
+        f"sparkforge-{name}x-fabric-1": {**fabric, "dev.sparkforge.profile": f"{name}x"},
+    }
+    plans = [{"rank": rank, "node": m.node} for rank, m in enumerate(profile.members)]
+    try:
+        for container, labels in planted.items():
+            client.containers.create(tag, ["/bin/busybox", "true"], name=container, labels=labels)
+        # The deploy's prune on the same engine, for a deployment of rank 0: the deployed member
+        # of rank 5 is its stray, no fabric container is.
+        deployed = Deployment(name, "k" * 64, tuple(plans[:1]), tag, (url,))
+        hosts = DockerHosts(profile, stack.docker_hosts, timeout_s=5)
+        deploys = [s.what for s in hosts.strays(deployed, None)]
+        hosts.close()
+        strays = launcher.strays(plans)
+        failed = launcher.prune(strays)
+        left = {c.name for c in client.containers.list(all=True) if c.name in planted}
+    finally:
+        for container in planted:
+            with contextlib.suppress(docker.errors.DockerException):
+                client.containers.get(container).remove(force=True)
+        with contextlib.suppress(docker.errors.DockerException):
+            client.images.remove(tag, force=True)
+        launcher.close()
+    assert deploys == [f"container sparkforge-{name}-5 on {url}"]
+    assert [s.what for s in strays] == [f"container sparkforge-{name}-fabric-5 on {url}"]
+    assert strays[0].entry == {
+        "engine": url,
+        "container": f"sparkforge-{name}-fabric-5",
+        "image": tag,
+    }
+    assert failed == []
+    assert left == set(planted) - {f"sparkforge-{name}-fabric-5"}
 
 
 # --- the Kubernetes launcher against the API double (tests/kube_api.py), not a cluster ---

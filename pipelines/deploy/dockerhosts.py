@@ -15,16 +15,21 @@ from pipelines.deploy.fielddiff import ObjectDiff, field_changes, shown_type
 from pipelines.deploy.health import wait_until_serving
 from pipelines.deploy.plan import Deployment, one_image, read_documents
 from pipelines.deploy.preflight import member_needs
-from pipelines.deploy.pruning import Stray
+from pipelines.deploy.pruning import DOCKER_OWNER_LABEL, Stray
 from pipelines.errors import DeployError
-from pipelines.targets.dockerengines import DockerEngines, MemberHost, container_options
+from pipelines.targets.dockerengines import (
+    DockerEngines,
+    MemberHost,
+    container_options,
+    remove_strays,
+)
 
 if TYPE_CHECKING:
     from docker import DockerClient
     from docker.models.containers import Container
 
 KEY_LABEL = "dev.sparkforge.deployment"
-PROFILE_LABEL = "dev.sparkforge.profile"
+PROFILE_LABEL = DOCKER_OWNER_LABEL  # the fabric check's containers carry it too
 
 
 def container_name(profile: str, rank: int) -> str:
@@ -392,19 +397,7 @@ class DockerHosts(DockerEngines):
 
     def prune(self, strays: list[Stray]) -> list[str]:
         """Remove each stray container; one line per one that could not be removed."""
-        import docker.errors
-        import requests
-
-        failed = []
-        for stray in strays:
-            url, name = stray.entry["engine"], stray.entry["container"]
-            try:
-                found = self.find(self.client(MemberHost(-1, "engine", url)), name)
-                if found is not None:
-                    found.remove(force=True)
-            except (DeployError, docker.errors.DockerException, requests.RequestException) as err:
-                failed.append(f"{stray.what}: not removed: {err}")
-        return failed
+        return remove_strays(self, strays)
 
     def validate(self, deployment: Deployment) -> list[str]:
         """What is wrong with a deployment's kept launch plans, one line each (a record is

@@ -30,10 +30,10 @@ from pipelines.deploy.kubeobjects import (
     with_last_applied,
 )
 from pipelines.deploy.plan import Deployment, one_image, read_documents
-from pipelines.deploy.pruning import OWNER_LABEL, Stray
+from pipelines.deploy.pruning import OWNER_LABEL, Stray, owner_selector
 from pipelines.errors import DeployError
 from pipelines.profiles import Profile, required
-from pipelines.targets.kubeapi import KubeAccess, KubeApi, Resource
+from pipelines.targets.kubeapi import KubeAccess, KubeApi, Resource, delete_strays
 
 LOG_LINES = 5
 
@@ -156,7 +156,8 @@ class Kubernetes:
             (d["apiVersion"], d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"])
             for d in deployment.documents
         }
-        selector = f"{OWNER_LABEL}={self.profile.name}"
+        # Not the fabric check's objects (labelled with their part): its own prune's.
+        selector = owner_selector(self.profile.name, None)
         found = []
         for api_version, kind in kinds:
             resource = self.api.resource(api_version, kind)
@@ -184,15 +185,7 @@ class Kubernetes:
 
     def prune(self, strays: list[Stray]) -> list[str]:
         """Delete each stray object; one line per one the API server would not delete."""
-        failed = []
-        for stray in strays:
-            e = stray.entry
-            try:
-                resource = self.api.resource(e["apiVersion"], e["kind"])
-                self.api.delete(resource, e["name"], e["namespace"], self.dry_run)
-            except DeployError as err:
-                failed.append(f"{stray.what}: not deleted: {err}")
-        return failed
+        return delete_strays(self.api, strays, self.dry_run)
 
     def validate(self, deployment: Deployment) -> list[str]:
         """What is wrong with a deployment's kept objects, one line each (a record is hostile

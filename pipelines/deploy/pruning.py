@@ -2,36 +2,26 @@
 
 Every container and object a deploy applies carries the profile's ownership label; after a
 successful rollout, those the deployment does not contain are deleted and listed in its record.
-`prune=no` (a doit argument) keeps them.
+`prune=no` (a doit argument) keeps them. The shape lives in pipelines/targets/pruning.py, which
+the fabric check's prune shares (a stage imports no other stage's modules).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from pipelines.targets.pruning import (
+    DOCKER_OWNER_LABEL,
+    OWNER_LABEL,
+    PruneSettingError,
+    Stray,
+    owner_selector,
+    prune_wanted,
+)
 
-from pipelines.errors import BadInput
-
-# Kubernetes: the label every object a deploy applies carries (its value: the profile's name).
-OWNER_LABEL = "sparkforge.dev/profile"
-
-
-class PruneSettingError(BadInput):
-    """A `prune=` argument that is neither yes nor no."""
-
-
-@dataclass(frozen=True)
-class Stray:
-    """A container or object the profile owns that the deployment does not contain."""
-
-    what: str  # one line naming it and where it is
-    entry: dict[str, Any]  # what the record keeps of it (enough to find it, or make it again)
-
-
-def prune_wanted(value: str) -> bool:
-    """Whether `prune=` asks for pruning ("" and yes: prune; no: keep)."""
-    if value in ("", "yes"):
-        return True
-    if value == "no":
-        return False
-    raise PruneSettingError(f"doit argument prune={value!r}: expected prune=yes or prune=no")
+__all__ = [
+    "DOCKER_OWNER_LABEL",
+    "OWNER_LABEL",
+    "PruneSettingError",
+    "Stray",
+    "owner_selector",
+    "prune_wanted",
+]

@@ -2,23 +2,39 @@
 
 Side effects only: the Docker launcher starts one container per host through the deploy stage's
 engines (unix:// or ssh://), the Kubernetes launcher applies one Job per member through its API
-layer; both wait, return each member's log, and remove what they started.
+layer; both wait, return each member's log, and remove what they started. Everything they apply
+carries the profile's ownership label and the fabric part label, so that after a run they find
+(`strays`) and delete (`prune`) what an earlier render made that this one no longer has.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import tarfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pipelines.errors import DeployError
 from pipelines.fabric.expect import FabricError
-from pipelines.profiles import Profile
-from pipelines.targets.dockerengines import DockerEngines, MemberHost, container_options
-from pipelines.targets.kubeapi import KubeAccess, KubeApi, Resource
+from pipelines.profiles import Profile, required
+from pipelines.targets.dockerengines import (
+    DockerEngines,
+    MemberHost,
+    container_options,
+    remove_strays,
+)
+from pipelines.targets.kubeapi import KubeAccess, KubeApi, Resource, delete_strays
+from pipelines.targets.pruning import (
+    DOCKER_OWNER_LABEL,
+    DOCKER_PART_LABEL,
+    FABRIC,
+    Stray,
+    owner_labels,
+    owner_selector,
+)
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -26,7 +42,8 @@ if TYPE_CHECKING:
 
     from pipelines.fabric.tasks import FabricSettings
 
-LABEL = "dev.sparkforge.fabric"
+# The kinds a fabric render applies on Kubernetes: where its strays are looked for.
+KUBE_KINDS = (("v1", "ConfigMap"), ("batch/v1", "Job"))
 
 
 @dataclass(frozen=True)
@@ -43,6 +60,14 @@ class Launcher(Protocol):
     """Runs the fabric documents of a profile and returns each member's run, by rank."""
 
     def run(self, docs: list[dict[str, Any]], timeout_s: float) -> list[MemberRun]: ...
+
+    def strays(self, docs: list[dict[str, Any]]) -> list[Stray]:
+        """What the profile's fabric checks applied that these documents do not contain."""
+        ...
+
+    def prune(self, strays: list[Stray]) -> list[str]:
+        """Delete the strays; one line per one that could not be deleted."""
+        ...
 
 
 def probe_tar(files: dict[str, str]) -> bytes:
@@ -85,13 +110,13 @@ class DockerLauncher:
             for plan in sorted(docs, key=lambda p: p["rank"]):
                 member = MemberHost(plan["rank"], plan["node"], urls[plan["rank"]])
                 client = self.engines.client(member)
-                name = f"sparkforge-{self.profile.name}-fabric-{member.rank}"
+                name = fabric_container(self.profile.name, member.rank)
                 self._remove(client, name)
                 container = client.containers.create(
                     plan["image"],
                     name=name,
                     detach=True,
-                    **container_options(plan, {LABEL: self.profile.name}),
+                    **container_options(plan, self.labels),
                 )
                 started.append((member, container))
                 container.put_archive("/", probe_tar(plan.get("files", {})))
@@ -104,6 +129,41 @@ class DockerLauncher:
                 # Gone already is fine: nothing of ours is left to clean.
                 with contextlib.suppress(docker.errors.DockerException):
                     container.remove(force=True)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """What every fabric container of the profile carries (what its prune selects by)."""
+        return {DOCKER_OWNER_LABEL: self.profile.name, DOCKER_PART_LABEL: FABRIC}
+
+    def strays(self, docs: list[dict[str, Any]]) -> list[Stray]:
+        """The profile's fabric containers on its members' engines that are not these plans'
+        (a rank the ring no longer has, a member moved, a leftover of a killed run)."""
+        import docker.errors
+
+        urls = self.engines.engines()
+        wanted = {(urls[p["rank"]], fabric_container(self.profile.name, p["rank"])) for p in docs}
+        selector = [f"{k}={v}" for k, v in self.labels.items()]
+        found = []
+        for url in dict.fromkeys(urls):
+            client = self.engines.client(MemberHost(-1, "engine", url))
+            try:
+                listed = client.containers.list(all=True, filters={"label": selector})
+            except docker.errors.DockerException as err:
+                raise FabricError(f"fabric: engine {url}: listing containers: {err}") from None
+            for container in sorted(listed, key=lambda c: c.name or ""):
+                name = container.name or ""
+                # The engine's answer is not trusted to have filtered: only our labels count.
+                mine = all(container.labels.get(k) == v for k, v in self.labels.items())
+                if not name or not mine or (url, name) in wanted:
+                    continue
+                image = (container.attrs.get("Config") or {}).get("Image", "")
+                entry = {"engine": url, "container": name, "image": image}
+                found.append(Stray(f"container {name} on {url}", entry))
+        return found
+
+    def prune(self, strays: list[Stray]) -> list[str]:
+        """Remove each stray container; one line per one that could not be removed."""
+        return remove_strays(self.engines, strays)
 
     @staticmethod
     def _wait(member: MemberHost, container: Container, deadline: float) -> MemberRun:
@@ -136,10 +196,30 @@ class KubernetesLauncher:
 
     profile: Profile
     access: KubeAccess
+    _api: KubeApi | None = field(default=None, init=False, repr=False)
+
+    @property
+    def api(self) -> KubeApi:
+        """The API server's client, made on first use."""
+        if self._api is None:
+            self._api = KubeApi(self.access)
+        return self._api
+
+    def close(self) -> None:
+        """Let go of the API server's connections."""
+        if self._api is not None:
+            self._api.close()
+            self._api = None
+
+    def owned(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """A document as applied: with the profile's ownership and the fabric part labels."""
+        body = copy.deepcopy(doc)
+        body["metadata"].setdefault("labels", {}).update(owner_labels(self.profile.name, FABRIC))
+        return body
 
     def run(self, docs: list[dict[str, Any]], timeout_s: float) -> list[MemberRun]:
         """Apply the probe and the Jobs (replacing earlier ones), wait, read logs, delete."""
-        api = KubeApi(self.access)
+        api = self.api
         jobs = [d for d in docs if d["kind"] == "Job"]
         try:
             for doc in docs:
@@ -149,7 +229,7 @@ class KubernetesLauncher:
                         resource, doc["metadata"]["name"], doc["metadata"]["namespace"], False
                     )
                     self._gone(api, resource, doc, time.monotonic() + 60)
-                api.apply(resource, doc, dry_run=False)
+                api.apply(resource, self.owned(doc), dry_run=False)
             deadline = time.monotonic() + timeout_s
             return [self._wait(api, job, rank, deadline) for rank, job in enumerate(jobs)]
         except DeployError as err:
@@ -163,7 +243,47 @@ class KubernetesLauncher:
                     )
                 except DeployError:
                     pass  # reported above; the next run deletes it first
-            api.close()
+
+    def strays(self, docs: list[dict[str, Any]]) -> list[Stray]:
+        """The profile's fabric Jobs and ConfigMaps in its namespace that these documents do
+        not contain (a Job renamed, a member removed, a probe ConfigMap of an older name)."""
+        namespace = required(self.profile.kubernetes, "kubernetes", self.profile).namespace
+        kinds = dict.fromkeys([*KUBE_KINDS, *((d["apiVersion"], d["kind"]) for d in docs)])
+        wanted = {(d["kind"], d["metadata"]["name"]) for d in docs}
+        labels = owner_labels(self.profile.name, FABRIC)
+        found = []
+        try:
+            for api_version, kind in kinds:
+                resource = self.api.resource(api_version, kind)
+                listed = self.api.list(
+                    resource, namespace, owner_selector(self.profile.name, FABRIC)
+                )
+                for item in listed:
+                    meta = item.get("metadata") if isinstance(item, dict) else None
+                    meta = meta if isinstance(meta, dict) else {}
+                    name, found_labels = meta.get("name"), meta.get("labels")
+                    # A nameless item's DELETE path would be the collection's; an item without
+                    # our labels is not ours, whatever the server's filter let through.
+                    if not isinstance(name, str) or not name or (kind, name) in wanted:
+                        continue
+                    if not isinstance(found_labels, dict) or any(
+                        found_labels.get(k) != v for k, v in labels.items()
+                    ):
+                        continue
+                    entry = {
+                        "apiVersion": api_version,
+                        "kind": kind,
+                        "name": name,
+                        "namespace": namespace,
+                    }
+                    found.append(Stray(f"{kind}/{name} in {namespace}", entry))
+        except DeployError as err:
+            raise FabricError(f"fabric: {err}") from None
+        return found
+
+    def prune(self, strays: list[Stray]) -> list[str]:
+        """Delete each stray object; one line per one the API server would not delete."""
+        return delete_strays(self.api, strays, dry_run=False)
 
     def _gone(self, api: KubeApi, resource: Resource, doc: dict[str, Any], deadline: float) -> None:
         """Wait until a deleted Job is gone, so the apply creates a new one."""
@@ -205,6 +325,11 @@ class KubernetesLauncher:
             return log
         except DeployError as err:
             return f"(no log: {err})"
+
+
+def fabric_container(profile: str, rank: int) -> str:
+    """A member's fabric container: one per profile and rank on its host."""
+    return f"sparkforge-{profile}-fabric-{rank}"
 
 
 def docker_launcher(profile: Profile, settings: FabricSettings) -> DockerLauncher:

@@ -18,6 +18,7 @@ from pipelines.stage import Context
 from pipelines.steps import Step, side_task
 from pipelines.targets import load, target_of
 from pipelines.targets.kubeapi import KubeAccess
+from pipelines.targets.pruning import Stray, prune_wanted, pruned_fields
 
 if TYPE_CHECKING:  # the parser and the checks are imported when a check runs, not at `doit list`
     from pipelines.fabric.expect import Expectations
@@ -38,6 +39,7 @@ class FabricSettings:
     kube: KubeAccess = KubeAccess()
     timeout_s: float = DEFAULT_TIMEOUT_S
     expect: str = ""  # `expect=P2P>=200`: replaces the profile's expectations (a hand check)
+    prune: bool = True  # `prune=no`: keep what an earlier render applied and this one lacks
     # (profile, settings) -> launcher; None: the profile's deploy decides (launch.py)
     launcher: Callable[[Profile, FabricSettings], Any] | None = None
 
@@ -107,6 +109,7 @@ class Fabric:
             context.git,
             KubeAccess(settings.kubeconfig, settings.kube_context),
             expect=context.variable("expect"),  # `doit fabric expect=P2P>=200`: a hand check
+            prune=prune_wanted(context.variable("prune")),
         )
 
     @property
@@ -140,6 +143,7 @@ class Fabric:
         started = time.time()
         try:
             runs = launcher.run(docs, self.settings.timeout_s)
+            pruned, not_pruned = self.prune(launcher, docs)
         finally:
             getattr(launcher, "close", lambda: None)()
         log = NcclLog()
@@ -169,6 +173,7 @@ class Fabric:
             "who": self.settings.who,
             "started": started,
             "finished": time.time(),
+            **pruned_fields(pruned, not_pruned),
         }
         path = write_result(self.engine.store, result, {r.rank: r.log for r in runs})
         largest = log.largest
@@ -176,10 +181,32 @@ class Fabric:
         transports = ", ".join(f"{k} x{v}" for k, v in measured_now["transports"].items())
         print(f"fabric: {self.profile.name}: {transports or 'no channels'}; {measured}")
         print(f"fabric: result {path}")
-        if lines:
-            raise FabricError("\n".join(f"fabric: {line}" for line in lines))
+        if lines or not_pruned:
+            pruning = [f"pruning failed: {line}" for line in not_pruned]
+            raise FabricError("\n".join(f"fabric: {line}" for line in lines + pruning))
         print(f"fabric: {self.profile.name}: passed ({expect.transport})")
         return path
+
+    def prune(
+        self, launcher: Launcher, docs: list[dict[str, Any]]
+    ) -> tuple[list[Stray], list[str]]:
+        """After a run: delete what the profile's fabric checks applied that this render lacks
+        (unless prune=no); (what was deleted, one line per what could not be)."""
+        from pipelines.fabric.expect import FabricError
+
+        try:
+            strays = launcher.strays(docs)
+        except FabricError as err:  # the run's measurements are kept all the same
+            return [], [f"listing what to prune: {err}"]
+        if not self.settings.prune:
+            for stray in strays:
+                print(f"fabric: kept (prune=no) {stray.what}")
+            return [], []
+        failed = launcher.prune(strays)
+        gone = [s for s in strays if not any(line.startswith(s.what + ":") for line in failed)]
+        for stray in gone:
+            print(f"fabric: pruned {stray.what}")
+        return gone, failed
 
     def create_doit_tasks(self) -> Iterator[dict[str, Any]] | None:
         """fabric: the all-reduce on the ring, after render; none without a fabric section."""

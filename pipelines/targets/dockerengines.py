@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines.errors import BadInput, DeployError, DeployUnreachable
 from pipelines.profiles import Profile
+from pipelines.targets.pruning import Stray
 from pipelines.targets.ssh import Tunnel
 
 if TYPE_CHECKING:
@@ -119,6 +120,24 @@ class DockerEngines:
             tunnel.close()
         self._clients.clear()
         self._tunnels.clear()
+
+
+def remove_strays(engines: DockerEngines, strays: list[Stray]) -> list[str]:
+    """Remove each stray container (entry: engine, container); one line per one that could not
+    be removed (gone already is fine)."""
+    import docker.errors
+    import requests
+
+    failed = []
+    for stray in strays:
+        url, name = stray.entry["engine"], stray.entry["container"]
+        try:
+            engines.client(MemberHost(-1, "engine", url)).containers.get(name).remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        except (DeployError, docker.errors.DockerException, requests.RequestException) as err:
+            failed.append(f"{stray.what}: not removed: {err}")
+    return failed
 
 
 def engine_tls(member: MemberHost) -> TLSConfig:

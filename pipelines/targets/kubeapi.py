@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipelines.errors import DeployError, DeployUnreachable
+from pipelines.targets.pruning import Stray
 
 if TYPE_CHECKING:
     from kubernetes.client.exceptions import ApiException  # untyped: Any to mypy
@@ -198,3 +199,16 @@ class KubeApi:
         except Refused as err:
             if err.status != 404:
                 raise
+
+
+def delete_strays(api: KubeApi, strays: list[Stray], dry_run: bool) -> list[str]:
+    """Delete each stray object (entry: apiVersion, kind, name, namespace); one line per one
+    the API server would not delete."""
+    failed = []
+    for stray in strays:
+        e = stray.entry
+        try:
+            api.delete(api.resource(e["apiVersion"], e["kind"]), e["name"], e["namespace"], dry_run)
+        except DeployError as err:
+            failed.append(f"{stray.what}: not deleted: {err}")
+    return failed
