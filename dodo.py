@@ -23,7 +23,7 @@ from pipelines.steps import Engine
 from pipelines.store import Store
 
 # doit's name=value arguments a stage reads: a digest CI pushed, a hand-given fabric check,
-# prune=no (deploy keeps what a new render dropped).
+# prune=no (deploy and the fabric check keep what a new render dropped).
 VARIABLES = ("image_digest", "stager_digest", "expect", "prune")
 
 
