@@ -139,7 +139,8 @@ def simulator_plans(profile: Profile, image: str, folders: list[str]) -> list[Do
     """One launch plan per member of the simulated runtime: the image's own command, SIM_* env.
 
     Member r listens on its own address (as a ring member's server is reached at its management
-    address), port + r: the local stack's engines share this machine's network.
+    address), port + r: the local stack's engines share this machine's network. The members
+    serve each on its own, no group among them, so a deploy restarts only a changed one.
     """
     sim = required(profile.simulator, "simulator", profile)
     env = {
@@ -165,6 +166,7 @@ def simulator_plans(profile: Profile, image: str, folders: list[str]) -> list[Do
                 "port": sim.port + rank,
                 "image": image,
                 "network_mode": "host",
+                "restarts": "alone",
                 "env": dict(
                     sorted(
                         {
