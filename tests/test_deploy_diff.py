@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 
 import docker
+import pytest
+import requests
 import yaml
 from support.deploying import (
     deployed,
@@ -134,6 +136,52 @@ def test_a_ring_with_a_member_removed_prunes_exactly_its_container_and_rollback_
     assert records(ring)[-1]["outcome"] == "restored"
 
 
+def test_one_ring_member_moved_to_another_address_is_the_diff_and_the_only_restart(
+    ring, stack, docker_client
+):
+    deployed(ring)
+    before = ring_containers(ring, stack, docker_client)
+    moved = copy.deepcopy(ring["profile"])
+    # Any 127.0.0.0/8 address is this machine's: member 1 really listens elsewhere.
+    moved["members"][1]["address"] = "127.0.0.2"
+    port = moved["simulator"]["port"] + 1
+
+    plan = with_profile(ring, moved, "diff")
+
+    print(plan.stdout + plan.stderr)  # the diff as the user sees it (`pytest -rP` shows it)
+    assert plan.returncode == 6, plan.stdout + plan.stderr
+    lines = plan.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("diff: "))
+    assert lines[head].endswith("would change: 1 member(s)/object(s), 3 field(s)")
+    listed = lines[head + 1 : head + 5]
+    name = f"sparkforge-{ring['name']}-1"
+    assert listed[0] == f"  member ring-b ({name} on {stack.docker_hosts[1]}): replace"
+    assert listed[1:3] == [
+        '      address: "127.0.0.1" -> "127.0.0.2"',
+        '      env.SIM_HOST: "127.0.0.1" -> "127.0.0.2"',
+    ]
+    # The member's key (its plan's), hence the restart: the last line, and nothing for ring-a.
+    assert listed[3].startswith("      labels[dev.sparkforge.member]: ")
+
+    result = with_profile(ring, moved, "deploy")
+
+    print(result.stdout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    after = ring_containers(ring, stack, docker_client)
+    assert after[0].id == before[0].id and after[1].id != before[1].id
+    served = ring["profile"]["model"]["served_name"]
+    answer = requests.get(f"http://127.0.0.2:{port}/v1/models", timeout=5).json()
+    assert [card["id"] for card in answer["data"]] == [served]
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5)
+    again = with_profile(ring, moved, "diff")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "would change: nothing" in again.stdout
+    # Ring-a, left running under the previous deployment's key, has not drifted.
+    status = with_profile(ring, moved, "status")
+    assert status.returncode == 0, status.stdout + status.stderr
+
+
 def test_a_prune_argument_other_than_yes_or_no_is_one_line_and_exit_2(world):
     result = doit(world, "diff", "prune=maybe")
     assert result.returncode == 2, result.stdout + result.stderr
@@ -148,7 +196,7 @@ def test_a_kept_launch_plan_of_the_wrong_shape_is_named_field_by_field():
 
     good = {"rank": 0, "node": "a", "image": "r/i@sha256:" + "0" * 64, "address": "127.0.0.1"}
     good |= {"port": 8000, "env": {"A": "1"}, "mounts": [{"source": "/m", "target": "/models"}]}
-    bad = {**good, "rank": "0", "env": {"A": 1}, "mounts": [{"source": "/m"}]}
+    bad = {**good, "rank": "0", "env": {"A": 1}, "mounts": [{"source": "/m"}], "restarts": 1}
     del bad["image"]
     kept = Deployment("local", "k" * 64, (good, bad, "plan"), "r/i", ("unix:///a", "unix:///b"))
     assert kept_plan_problems(kept) == [
@@ -157,5 +205,6 @@ def test_a_kept_launch_plan_of_the_wrong_shape_is_named_field_by_field():
         "deployment.documents[1].image: expected str, found nothing",
         "deployment.documents[1].mounts[0]: expected an object with source and target strings",
         "deployment.documents[1].env: expected string values",
+        'deployment.documents[1].restarts: expected "alone" or no such field, found 1',
         "deployment.documents[2]: expected a launch plan (an object)",
     ]

@@ -424,7 +424,7 @@ def test_rendered_launch_plan_sets_every_timing_field_the_server_reads() -> None
     plans = simulator_plans(profile, "registry/local-sim@sha256:" + "a" * 64, ["/w"])
     env = plans[0].body["env"]
     # SIM_MISSING_ROUTES is test equipment (a server without /metrics), never deployed.
-    untimed = {"SIM_HOST", "SIM_MISSING_ROUTES"}
+    untimed = {"SIM_MISSING_ROUTES"}
     package = "".join(p.read_text() for p in sorted(PACKAGE.glob("*.py")))
     read = set(re.findall(r'env\.get\("(SIM_\w+)"', package)) - untimed
     assert read - set(env) == set()
@@ -434,6 +434,8 @@ def test_rendered_launch_plan_sets_every_timing_field_the_server_reads() -> None
     assert float(env["SIM_DECODE_JITTER"]) == sim.decode_jitter
     assert int(env["SIM_TOKENS_PER_CHUNK"]) == sim.tokens_per_chunk
     assert env["SIM_EMPTY_CHUNKS"] == ("1" if sim.empty_chunks else "0")
+    # Where the member is reached is where it listens (a ring member's management address).
+    assert env["SIM_HOST"] == plans[0].body["address"] == "127.0.0.1"
 
 
 # --- deploy's health checks on the simulator (the HTTP calls the bench makes too) -----------

@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines.deploy import preflight
-from pipelines.deploy.fielddiff import ObjectDiff, field_changes, shown_type
+from pipelines.deploy.fielddiff import ObjectDiff, field_changes, shown, shown_type
 from pipelines.deploy.health import wait_until_serving
 from pipelines.deploy.plan import Deployment, one_image, read_documents
 from pipelines.deploy.preflight import member_needs
 from pipelines.deploy.pruning import DOCKER_OWNER_LABEL, Stray
 from pipelines.errors import DeployError
+from pipelines.keys import step_key
 from pipelines.targets.dockerengines import (
     DockerEngines,
     MemberHost,
@@ -28,8 +29,13 @@ if TYPE_CHECKING:
     from docker import DockerClient
     from docker.models.containers import Container
 
-KEY_LABEL = "dev.sparkforge.deployment"
+KEY_LABEL = "dev.sparkforge.deployment"  # the deployment that started the container
 PROFILE_LABEL = DOCKER_OWNER_LABEL  # the fabric check's containers carry it too
+# What the member runs (member_key): a container whose label matches its plan is left alone.
+MEMBER_LABEL = "dev.sparkforge.member"
+# The plan's address: where the member is reached, which no other container field may carry
+# (SGLang listens on 0.0.0.0), so that a diff can name it.
+ADDRESS_LABEL = "dev.sparkforge.address"
 
 
 def container_name(profile: str, rank: int) -> str:
@@ -194,16 +200,22 @@ class DockerHosts(DockerEngines):
         client = self.client(member)
         name = container_name(deployment.profile, member.rank)
         current = self.find(client, name)
+        wanted = member_key(plan, deployment.key)
         if (
             current is not None
-            and current.labels.get(KEY_LABEL) == deployment.key
+            and running_key(current.labels) == wanted
             and current.status == "running"
         ):
             changes.append(Change(member, unchanged=True))
             return
         change = Change(member)
         changes.append(change)
-        labels = {KEY_LABEL: deployment.key, PROFILE_LABEL: deployment.profile}
+        labels = {
+            KEY_LABEL: deployment.key,
+            PROFILE_LABEL: deployment.profile,
+            MEMBER_LABEL: wanted,
+            ADDRESS_LABEL: plan["address"],
+        }
         try:
             self.pull(client, member, plan["image"])
             if current is not None:
@@ -309,9 +321,12 @@ class DockerHosts(DockerEngines):
         for member, plan, what, current in self._members_now(deployment):
             if current is None:
                 found.append(ObjectDiff(what, f"create ({plan['image']})"))
-            elif current.labels.get(KEY_LABEL) != deployment.key or current.status != "running":
+            elif (
+                running_key(current.labels) != member_key(plan, deployment.key)
+                or current.status != "running"
+            ):
                 wanted = plan_view(plan, deployment.key)
-                changes = field_changes(wanted, self._view(member, current), extras=True)
+                changes = field_changes(wanted, self._view(member, current, plan), extras=True)
                 found.append(ObjectDiff(what, "replace", tuple(changes)))
         return found
 
@@ -323,7 +338,8 @@ class DockerHosts(DockerEngines):
                 found.append(ObjectDiff(what, "missing"))
                 continue
             wanted = plan_view(plan, deployment.key)
-            changes = field_changes(wanted, self._view(member, current), extras=True, drift=True)
+            live = self._view(member, current, plan)
+            changes = field_changes(wanted, live, extras=True, drift=True)
             if changes:
                 found.append(ObjectDiff(what, "changed since deployed", tuple(changes)))
         return found
@@ -337,7 +353,9 @@ class DockerHosts(DockerEngines):
             current = self.find(self.client(member), name)
             yield member, plan, f"member {member.node} ({name} on {member.docker})", current
 
-    def _view(self, member: MemberHost, container: Container) -> dict[str, Any]:
+    def _view(
+        self, member: MemberHost, container: Container, plan: dict[str, Any]
+    ) -> dict[str, Any]:
         """A container as plan_view shows a plan: what the image sets itself left out."""
         import docker.errors
 
@@ -351,6 +369,9 @@ class DockerHosts(DockerEngines):
         env = {k: v for k, v in env_of(config.get("Env")).items() if image_env.get(k) != v}
         command = config.get("Cmd")
         return {
+            # A container started before the label existed cannot say: taken as the plan's,
+            # rather than reported as drift on every member.
+            "address": container.labels.get(ADDRESS_LABEL, plan.get("address")),
             "image": config.get("Image"),
             "env": env,
             "mounts": {
@@ -359,7 +380,7 @@ class DockerHosts(DockerEngines):
             },
             "command": None if command == image.get("Cmd") else command,
             "network_mode": (attrs.get("HostConfig") or {}).get("NetworkMode"),
-            "labels": {KEY_LABEL: container.labels.get(KEY_LABEL)},
+            "labels": {MEMBER_LABEL: running_key(container.labels)},
             "state": container.status,
         }
 
@@ -413,9 +434,25 @@ class DockerHosts(DockerEngines):
         return None
 
 
+def member_key(plan: dict[str, Any], deployment_key: str) -> str:
+    """What a member runs, as its container's label says: its own plan's key where it restarts
+    alone (`restarts: alone`: the simulator's members), else the deployment's key, since a
+    ring's ranks form one group that a change to any of them restarts whole."""
+    if plan.get("restarts") == "alone":
+        return step_key(plan)
+    return deployment_key
+
+
+def running_key(labels: dict[str, str]) -> str | None:
+    """The member key a container runs (a container started before the member label carries
+    only the deployment's key, which is its member key: it was a group's)."""
+    return labels.get(MEMBER_LABEL, labels.get(KEY_LABEL))
+
+
 def plan_view(plan: dict[str, Any], key: str) -> dict[str, Any]:
     """The fields of a launch plan a container shows, as `_view` reads them back."""
     return {
+        "address": plan.get("address"),
         "image": plan["image"],
         "env": dict(plan.get("env", {})),
         "mounts": {
@@ -424,7 +461,7 @@ def plan_view(plan: dict[str, Any], key: str) -> dict[str, Any]:
         },
         "command": plan.get("command") or None,
         "network_mode": plan.get("network_mode", "host"),
-        "labels": {KEY_LABEL: key},
+        "labels": {MEMBER_LABEL: member_key(plan, key)},
         "state": "running",
     }
 
@@ -478,4 +515,9 @@ def kept_plan_problems(deployment: Deployment) -> list[str]:
             isinstance(v, str) for v in plan["env"].values()
         ):
             problems.append(f"{where}.env: expected string values")
+        if plan.get("restarts", "alone") != "alone":
+            problems.append(
+                f'{where}.restarts: expected "alone" or no such field,'
+                f" found {shown(plan['restarts'])}"
+            )
     return problems

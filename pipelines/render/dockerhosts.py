@@ -138,7 +138,9 @@ def staged_folders(profile: Profile, model: RenderInputs) -> list[str]:
 def simulator_plans(profile: Profile, image: str, folders: list[str]) -> list[Document]:
     """One launch plan per member of the simulated runtime: the image's own command, SIM_* env.
 
-    Member r listens on port + r: the local stack's engines share this machine's network.
+    Member r listens on its own address (as a ring member's server is reached at its management
+    address), port + r: the local stack's engines share this machine's network. The members
+    serve each on its own, no group among them, so a deploy restarts only a changed one.
     """
     sim = required(profile.simulator, "simulator", profile)
     env = {
@@ -164,8 +166,16 @@ def simulator_plans(profile: Profile, image: str, folders: list[str]) -> list[Do
                 "port": sim.port + rank,
                 "image": image,
                 "network_mode": "host",
+                "restarts": "alone",
                 "env": dict(
-                    sorted({**env, "SIM_PORT": str(sim.port + rank), **profile.env}.items())
+                    sorted(
+                        {
+                            **env,
+                            "SIM_HOST": str(member.address),
+                            "SIM_PORT": str(sim.port + rank),
+                            **profile.env,
+                        }.items()
+                    )
                 ),
                 "mounts": [{"source": folders[rank], "target": "/models", "read_only": True}],
             },
