@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipelines.gc.checkout import Checkout
 from pipelines.gc.collect import collect, remove_model_folder, remove_partial
 from pipelines.gc.inventory import store_items
 from pipelines.gc.roots import gather_roots
@@ -185,3 +186,20 @@ def test_a_model_folder_being_staged_is_kept_and_never_deleted_under_its_stager(
     assert folder.is_dir() and (folder / "model.safetensors").is_file()
     said = capsys.readouterr().out
     assert f"gc: kept weights/models/{'7' * 16}: a stager took it since the plan" in said
+
+
+def test_an_unreadable_profile_keeps_every_model_folder_and_says_which(tmp_path):
+    store, weights = Store(tmp_path / "store"), tmp_path / "weights"
+    (weights / "blobs" / "sha256").mkdir(parents=True)
+    (weights / "models").mkdir()
+    staged(weights, "9" * 16, b"a model only a lab's profile may name")
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "lab.yaml").write_text("name: lab\nmodel: [")
+    items = store_items(store, weights)
+    roots = gather_roots(store, weights, 3, [], no_registry, Checkout(profiles=(profiles,)))
+    [verdict] = [v for v in gc_plan(items, roots) if v.item.kind == "model"]
+
+    assert verdict.alive
+    assert verdict.why.startswith("kept: profile unreadable: ")
+    assert "lab.yaml" in verdict.why
