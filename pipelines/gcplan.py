@@ -8,13 +8,16 @@ from dataclasses import dataclass, field
 
 # The kinds of things gc collects, in the order it reports them: the store's, then the remote
 # cache's.
-KINDS = ("step", "tmp", "layer", "blob", "bench", "tag", "entry", "object")
+KINDS = (
+    "step", "tmp", "layer", "model", "blob", "partial", "deb", "bench", "tag", "entry", "object"
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Item:
     """One thing the store holds: its kind, its name there, its bytes, and the names roots
-    reach it by (`step:<key>`, `layer:<digest>`, `blob:<sha256>`, `deployment:<key>`)."""
+    reach it by (`step:<key>`, `layer:<digest>`, `blob:<sha256>`, `deployment:<key>`,
+    `model:<cacheKey>`, `partial:<sha256>`, `deb:<sha256>`)."""
 
     kind: str
     name: str

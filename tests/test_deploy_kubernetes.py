@@ -61,8 +61,10 @@ class Tags:
         self.stable = digest
         return f":stable -> {digest[:19]}"
 
-    def restore_stable(self) -> str:
-        return ":stable restored"
+    def restore_stable(self, digest: str) -> str:
+        self.moves.append(digest)
+        self.stable = digest
+        return f":stable -> {digest[:19]}, the restored deployment's image"
 
     def stable_digest(self) -> str | None:
         return self.stable
@@ -447,6 +449,7 @@ def test_rollback_applies_the_earlier_deployment_again_and_status_says_what_runs
     stage = deploy_stage(world, IMAGE_B)
     stage.rollback()
     d = world.double
+    assert world.tags.stable == IMAGE_A.rsplit("@", 1)[1]
     assert stored_configs(d) == first
     assert d.find("InferenceService", "dsv41-flash")["spec"]["image"] == IMAGE_A
     assert outcomes(stage) == ["deployed", "deployed", "restored"]

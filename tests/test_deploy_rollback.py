@@ -3,6 +3,7 @@ deployment serving and `:stable` where it was (one member on the local stack).""
 
 from __future__ import annotations
 
+import copy
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from support.deploying import (
+    deploy_variant,
     deployed,
     derived_image,
     doit,
@@ -58,10 +60,40 @@ def test_rollback_restores_the_previous_deployment_and_stable_prev(world, docker
     result = doit(world, "rollback")
 
     assert result.returncode == 0, result.stdout + result.stderr
-    assert tag_digest(world, "stable") == first
+    assert (tag_digest(world, "stable"), tag_digest(world, "stable-prev")) == (first, variant)
     assert member(docker_client, world["name"]).attrs["Config"]["Image"].endswith(first)
     assert served_models(world) == [world["profile"]["model"]["served_name"]]
     assert records(world)[-1]["outcome"] == "restored"
+
+
+def test_rollback_of_an_env_change_points_stable_at_the_restored_image(world, docker_client):
+    # stable-prev names an older image: promote moves it only when :stable changes digest, and
+    # the env change below does not, so moving :stable "back" to it would name the wrong image.
+    deployed(world)
+    older = derived_image(world, docker_client, "older")
+    moved = doit(world, "deploy", f"image_digest={older}")
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    deployed(world)
+    first = tag_digest(world, "stable")
+    assert tag_digest(world, "stable-prev") == older
+    changed = copy.deepcopy(world["profile"])
+    changed["env"] = {"SIM_NOTE": "two"}
+    second = deploy_variant(world, changed)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "SIM_NOTE=two" in member(docker_client, world["name"]).attrs["Config"]["Env"]
+
+    result = doit(world, "rollback")
+
+    print(result.stdout + result.stderr)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert tag_digest(world, "stable") == first
+    serving = member(docker_client, world["name"]).attrs["Config"]
+    assert serving["Image"].endswith(first)
+    assert "SIM_NOTE=two" not in serving["Env"]
+    assert served_models(world) == [world["profile"]["model"]["served_name"]]
+    assert records(world)[-1]["outcome"] == "restored"
+    [said] = [line for line in result.stdout.splitlines() if line.startswith("rollback: ")]
+    assert f":stable already at {first}" in said, said
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,7 @@ class Tags(Protocol):
     """What deploy needs of the images stage: moving `:stable`."""
 
     def promote(self, digest: str) -> str: ...
-    def restore_stable(self) -> str: ...
+    def restore_stable(self, digest: str) -> str: ...
     def stable_digest(self) -> str | None: ...
 
 
@@ -271,7 +271,7 @@ class Deploy:
             )
 
     def rollback(self) -> None:
-        """Restore the deployment before the live one, and `:stable` from `stable-prev`."""
+        """Restore the deployment before the live one, and `:stable` to the image it runs."""
         started = time.time()
         if self.settings.kube.dry_run:
             raise DeployError("rollback has no dry run; unset SPARKFORGE_KUBE_DRY_RUN")
@@ -291,7 +291,7 @@ class Deploy:
         pruned, not_pruned = self._prune(deployment, replaced)
         extra = pruned_fields(pruned, not_pruned)
         try:
-            restored = self.tags.restore_stable()
+            restored = self.tags.restore_stable(deployment.digest)
         except PipelineError as err:
             self._record(
                 deployment, RESTORED, started, stable=f"not moved: {err}", replaced=current, **extra
@@ -517,7 +517,7 @@ class Deploy:
             )
         yield side_task(
             "rollback",
-            "restore the previous deployment and :stable-prev",
+            "restore the previous deployment and point :stable at its image",
             self._backend_built(self._in_turn("rollback", self.rollback)),
         )
         yield side_task(

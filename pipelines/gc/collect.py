@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 from collections.abc import Iterator
@@ -11,7 +12,8 @@ from pathlib import Path
 from pipelines.files import fsync_dir
 from pipelines.gcplan import Verdict
 from pipelines.store import Store
-from pipelines.weights.stage import staging
+from pipelines.weights.blobs import BlobStore
+from pipelines.weights.stage import staging, staging_lock
 
 
 def remove_tree(store: Store, path: Path) -> None:
@@ -35,6 +37,34 @@ def every_staging_lock(weights: Path) -> Iterator[None]:
         yield
 
 
+def remove_model_folder(folder: Path) -> None:
+    """Delete a staged model folder under its staging lock, unless a stager holds it now (it
+    is then being staged again: kept, said in one line)."""
+    with open(staging_lock(folder), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"gc: kept weights/models/{folder.name}: a stager took it since the plan")
+            return
+        if folder.is_dir():
+            # Hidden, as a stager's temp names: readers never find it half deleted.
+            grave = folder.with_name(f".gc-{folder.name}.{os.getpid()}")
+            os.rename(folder, grave)
+            fsync_dir(folder.parent)
+            shutil.rmtree(grave, ignore_errors=True)
+
+
+def remove_partial(blobs: BlobStore, sha256: str) -> None:
+    """Delete a partial download under the blob's writer flock, unless a fetch holds it now
+    (it resumed since the plan: kept, said in one line)."""
+    writer = blobs.try_writer(sha256)
+    if writer is None:
+        print(f"gc: kept weights/partial/{sha256[:16]}: a fetch took it since the plan")
+        return
+    with writer:
+        blobs.partial_file(sha256).unlink(missing_ok=True)
+
+
 def unlinked(blob: Path) -> bool:
     """True when no staged name links the blob (checked again under the staging locks)."""
     try:
@@ -54,6 +84,9 @@ def collect(store: Store, weights: Path, verdicts: list[Verdict]) -> None:
         path = store.step_dir(key) if item.kind != "tmp" else store.root / item.name
         with store.lock(key):  # a builder of the key would hold it
             remove_tree(store, path)
+    # Model folders before blobs: the blobs only they linked go in the same run.
+    for item in (i for i in dead if i.kind == "model"):
+        remove_model_folder(weights / "models" / item.refs[0].removeprefix("model:"))
     blobs = [i for i in dead if i.kind == "blob"]
     if blobs:
         with every_staging_lock(weights):
@@ -62,5 +95,14 @@ def collect(store: Store, weights: Path, verdicts: list[Verdict]) -> None:
                 if unlinked(path):
                     path.unlink()
         fsync_dir(weights / "blobs" / "sha256")
+    partials = [i.refs[0].removeprefix("partial:") for i in dead if i.kind == "partial"]
+    if partials:
+        store_of_blobs = BlobStore(weights, store.statcache)
+        for sha in partials:
+            remove_partial(store_of_blobs, sha)
+    # No lock of their own: their one writer, the base image's step, runs in a doit that holds
+    # the store, and the caller has it alone.
+    for item in (i for i in dead if i.kind == "deb"):
+        (store.root / "debs" / item.refs[0].removeprefix("deb:")).unlink(missing_ok=True)
     for item in (i for i in dead if i.kind == "bench"):
         remove_tree(store, store.root / item.name)

@@ -1,5 +1,6 @@
 """What the store holds, as gc's items: step outputs (normalized layers among them), builders'
-leftovers, model blobs and bench runs, each with its bytes and the refs a root reaches it by."""
+leftovers, model blobs, staged model folders, partial downloads, cached .debs and bench runs,
+each with its bytes and the refs a root reaches it by."""
 
 from __future__ import annotations
 
@@ -96,6 +97,43 @@ def blobs_by_digest(folder: Path, kind: str, shown: str, ref: str) -> list[Item]
     ]
 
 
+def model_folders(weights: Path) -> list[Path]:
+    """The staged model folders (`models/<cacheKey>`; a stager's hidden temp names aside)."""
+    models = weights / "models"
+    return sorted(
+        p
+        for p in (models.iterdir() if models.is_dir() else ())
+        if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
+    )
+
+
+def model_items(weights: Path) -> list[Item]:
+    """Staged model folders (`models/<cacheKey>`), reached as `model:<cacheKey>`. Their files
+    are links to blobs: only bytes no blob holds count here (the blobs count as blobs, freed
+    once no kept folder links them)."""
+    items = []
+    for folder in model_folders(weights):
+        own = 0
+        for dirpath, _, filenames in os.walk(folder):
+            for name in filenames:
+                st = os.lstat(os.path.join(dirpath, name))
+                own += st.st_size if st.st_nlink == 1 else 0
+        shown = f"weights/models/{folder.name} (links to blobs, counted as blobs)"
+        items.append(Item("model", shown, own, (f"model:{folder.name}",)))
+    return items
+
+
+def partial_items(weights: Path) -> list[Item]:
+    """Partial downloads (`partial/<sha256>.part`), reached as `partial:<sha256>`."""
+    parts = sorted((weights / "partial").glob("*.part"))
+    shas = [p.name.removesuffix(".part") for p in parts]
+    return [
+        Item("partial", f"weights/partial/{p.name[:16]}", p.lstat().st_size, (f"partial:{sha}",))
+        for p, sha in zip(parts, shas, strict=True)
+        if HEX64.fullmatch(sha)
+    ]
+
+
 def bench_items(store: Store) -> list[Item]:
     """Bench runs (`bench/<profile>/<time>/`), reached as `bench:<profile>/<time>` and as the
     deployment they measured (`deployment:<manifests_key>` of their results' provenance)."""
@@ -126,11 +164,14 @@ def measured_deployment(results: Path) -> str | None:
 
 
 def store_items(store: Store, weights: Path) -> list[Item]:
-    """Everything gc may collect in the store and the model blob folder."""
+    """Everything gc may collect in the store and the weights folder."""
     return [
         *step_items(store),
         *tmp_items(store),
         *legacy_items(store),
+        *model_items(weights),
         *blobs_by_digest(weights / "blobs" / "sha256", "blob", "weights/blobs", "blob:"),
+        *partial_items(weights),
+        *blobs_by_digest(store.root / "debs", "deb", "debs", "deb:"),
         *bench_items(store),
     ]

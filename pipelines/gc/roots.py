@@ -1,8 +1,10 @@
 """gc's roots, learnt at the edge: deployment records, the build log, `:stable` and
-`stable-prev`, builds in progress, staged model folders, the newest bench run of a profile."""
+`stable-prev`, builds in progress, the checkout's profiles and locks, model folders staged or
+being staged, fetches in progress, the newest bench run of a profile."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -14,13 +16,20 @@ from typing import Any
 from pipelines.deploy.records import Records
 from pipelines.errors import PipelineError
 from pipelines.gc.builds import last_builds
+from pipelines.gc.checkout import Checkout, Named, checkout_names
+from pipelines.gc.inventory import model_folders
 from pipelines.gcplan import Roots
 from pipelines.images.registry import Registry
 from pipelines.store import Store
+from pipelines.weights.stage import staging_lock
 
 # An image as records and builds name it: host[:port]/repository@sha256:<hex>.
 IMAGE_REF = re.compile(r"([A-Za-z0-9.\[\]:-]+)/([a-z0-9._/-]+)@(sha256:[0-9a-f]{64})")
 STABLE_TAGS = ("stable", "stable-prev")
+# A model folder's name as a record may hold it (`.../models/<cacheKey>`, `cacheKey: ...`).
+# The checkout's own profiles and locks, for callers that name no other.
+THIS_CHECKOUT = Checkout()
+CACHE_KEY = re.compile(r"\b[0-9a-f]{16}\b")
 
 
 @dataclass
@@ -67,6 +76,10 @@ def deployment_roots(store: Store, roots: RootSet) -> None:
             roots.add(f"deployment:{deployment['key']}", why)
             if deployment.get("image"):
                 roots.image(deployment["image"], why)
+            # Every 16-hex word of the record may be the model folder it mounts: a folder
+            # re-staged by mistake costs hours, a word kept by mistake costs nothing.
+            for word in sorted(set(CACHE_KEY.findall(json.dumps(deployment)))):
+                roots.add(f"model:{word}", f"named by {why}")
 
 
 def build_roots(store: Store, keep: int, roots: RootSet) -> None:
@@ -87,26 +100,81 @@ def building_roots(store: Store, keys: Iterable[str], roots: RootSet) -> None:
             roots.add(f"building:{key}", "a step in progress (its build lock is held)")
 
 
+def checkout_roots(named: Named, roots: RootSet) -> None:
+    """The model folders the checkout's profiles stage and the .debs its Debian locks name."""
+    for name, why in named.models.items():
+        roots.add(f"model:{name}", why)
+    for sha, why in named.debs.items():
+        roots.add(f"deb:{sha}", why)
+    for kind, why in named.unknown.items():
+        roots.unknown.setdefault(kind, why)
+
+
+def model_roots(weights: Path, roots: RootSet) -> None:
+    """Model folders being staged now, and folders whose name is no cacheKey (what made them
+    is not known, so they stay)."""
+    for folder in model_folders(weights):
+        if flock_held(staging_lock(folder)):
+            roots.add(f"model:{folder.name}", "being staged (its staging lock is held)")
+        if not CACHE_KEY.fullmatch(folder.name):
+            roots.add(f"model:{folder.name}", "not named as a cacheKey: what made it is unknown")
+
+
+def flock_held(path: Path) -> bool:
+    """True when another process holds path's flock now (a missing file: nobody)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing lets go of a flock taken here
+    return False
+
+
 def staged_roots(weights: Path, roots: RootSet) -> None:
-    """Blobs a staged model folder links (by inode), and blobs with other links (a folder gc
-    does not know: another store's, a member's)."""
+    """Blobs a kept model folder links (by inode), and blobs with links outside models/ (a
+    folder gc does not know: another store's, a member's); links from folders gc frees keep
+    nothing."""
     blobs = weights / "blobs" / "sha256"
     if not blobs.is_dir():
         return
     linked: dict[tuple[int, int], str] = {}
-    for folder in sorted((weights / "models").glob("*")):
-        if folder.is_dir() and not folder.is_symlink():
-            for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-                if entry.is_file(follow_symlinks=False):
-                    st = entry.stat(follow_symlinks=False)
-                    linked.setdefault((st.st_dev, st.st_ino), f"models/{folder.name}/{entry.name}")
+    freed: dict[tuple[int, int], int] = {}
+    for folder in model_folders(weights):
+        kept = f"model:{folder.name}" in roots.reach or "model" in roots.unknown
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+            if entry.is_file(follow_symlinks=False):
+                st = entry.stat(follow_symlinks=False)
+                inode = (st.st_dev, st.st_ino)
+                if kept:
+                    linked.setdefault(inode, f"models/{folder.name}/{entry.name}")
+                else:
+                    freed[inode] = freed.get(inode, 0) + 1
     for entry in os.scandir(blobs):
         st = entry.stat(follow_symlinks=False)
-        name = linked.get((st.st_dev, st.st_ino))
+        inode = (st.st_dev, st.st_ino)
+        name = linked.get(inode)
+        others = st.st_nlink - 1 - freed.get(inode, 0)
         if name is not None:
             roots.add(f"blob:{entry.name}", f"linked by the staged {name}")
-        elif st.st_nlink > 1:
-            roots.add(f"blob:{entry.name}", f"linked {st.st_nlink - 1} time(s) outside models/")
+        elif others > 0:
+            roots.add(f"blob:{entry.name}", f"linked {others} time(s) outside models/")
+
+
+def partial_roots(weights: Path, named: Named, roots: RootSet) -> None:
+    """Partial downloads a fetch writes now (it holds the blob's writer flock), or one resumes
+    from later (a current lock names the blob, not stored yet)."""
+    partial = weights / "partial"
+    for part in sorted(partial.glob("*.part")) if partial.is_dir() else ():
+        sha = part.name.removesuffix(".part")
+        if flock_held(partial / f"{sha}.writer"):
+            roots.add(f"partial:{sha}", "a fetch in progress holds its writer lock")
+        elif sha in named.blobs and not (weights / "blobs" / "sha256" / sha).exists():
+            roots.add(f"partial:{sha}", f"the next fetch resumes from it ({named.blobs[sha]})")
 
 
 def newest_bench_roots(store: Store, roots: RootSet) -> None:
@@ -172,13 +240,18 @@ def gather_roots(
     keep_builds: int,
     building: Iterable[str],
     registry_of: Callable[[str], Registry],
+    checkout: Checkout = THIS_CHECKOUT,
 ) -> Roots:
     """Every root gc knows, with why."""
     roots = RootSet()
+    named = checkout_names(checkout)
     deployment_roots(store, roots)
     build_roots(store, keep_builds, roots)
     building_roots(store, building, roots)
-    staged_roots(weights, roots)
+    checkout_roots(named, roots)
+    model_roots(weights, roots)
+    staged_roots(weights, roots)  # after the model folders' roots: it links from kept ones
+    partial_roots(weights, named, roots)
     newest_bench_roots(store, roots)
     stable_roots(roots, registry_of)
     layer_roots(roots, registry_of)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines.errors import PipelineError
 from pipelines.gc.builds import log_build, profile_builds, write_roots
+from pipelines.gc.checkout import Checkout
 from pipelines.gc.collect import collect
 from pipelines.gc.inventory import store_items
 from pipelines.gc.roots import gather_roots
@@ -25,6 +26,7 @@ from pipelines.gc.tags import (
 )
 from pipelines.gcplan import Item, Roots, gc_plan, kept_step_keys, report
 from pipelines.images.registry import Registry
+from pipelines.paths import PROFILES_DIR
 from pipelines.stage import Context
 from pipelines.steps import GRAPH, as_doit_action
 
@@ -46,6 +48,8 @@ class Gc:
         self.weights = context.settings.weights or self.store.root / "weights"
         self.keep_builds = context.settings.gc_keep_builds
         self.tag_days = context.settings.gc_tag_days
+        # The profiles whose model folders and locks stay: the checkout's, and a lab's own.
+        self.checkout = Checkout(profiles=(PROFILES_DIR, context.settings.profiles))
         self.image = image
         # The profile's image repository: where gc collects candidate-* and key-* tags.
         self.repository = repository
@@ -102,7 +106,9 @@ class Gc:
         with alone:
             items = store_items(store, self.weights)
             building = [i.refs[0].split(":", 1)[1] for i in items if i.kind == "tmp" and i.refs]
-            roots = gather_roots(store, self.weights, self.keep_builds, building, registry_at)
+            roots = gather_roots(
+                store, self.weights, self.keep_builds, building, registry_at, self.checkout
+            )
             tags, reach, repository = self.tags(roots)
             verdicts = gc_plan(items + tags, Roots({**roots.reach, **reach}, roots.unknown))
             for line in report(verdicts, delete):

@@ -11,27 +11,41 @@ STABLE_PREV = "stable-prev"
 
 def promote(registry: Registry, repo: str, digest: str) -> str:
     """Point `stable` at digest, keeping the old one as `stable-prev`; says what it did."""
-    current = registry.manifest_digest(repo, STABLE)
+    current = move_stable(registry, repo, digest)
     if current == digest:
         return f"{repo}:{STABLE} already at {digest}"
+    return f"{repo}:{STABLE} -> {digest} (was {current or 'unset'})"
+
+
+def stable_back_to(registry: Registry, repo: str, digest: str) -> str:
+    """Point `stable` at the image of the deployment a rollback restored (digest), the one it
+    replaces kept as `stable-prev`; says what it did."""
+    current = move_stable(registry, repo, digest)
+    if current == digest:
+        return f"{repo}:{STABLE} already at {digest}, the restored deployment's image"
+    return (
+        f"{repo}:{STABLE} -> {digest}, the restored deployment's image"
+        f" ({STABLE_PREV} -> {current or 'unset'})"
+    )
+
+
+def move_stable(registry: Registry, repo: str, digest: str) -> str | None:
+    """Point `stable` at digest and the digest it left as `stable-prev`; the digest it left."""
+    # Not `stable` := `stable-prev`: stable-prev moves only when stable changes digest, so
+    # after two deployments of one image it is unset or names an older image than the one the
+    # restored deployment runs (the record holds that one, by digest).
+    current = registry.manifest_digest(repo, STABLE)
+    if current == digest:
+        return current
     candidate = registry.manifest(repo, digest)
     if candidate is None:
-        raise ImageError(f"registry {registry.host}: {repo}@{digest} not found: nothing promoted")
+        raise ImageError(f"registry {registry.host}: {repo}@{digest} not found: {STABLE} not moved")
     if current is not None:
         previous = registry.manifest(repo, current)
         if previous is not None:
             registry.push_manifest(repo, STABLE_PREV, *previous)
     registry.push_manifest(repo, STABLE, *candidate)
-    return f"{repo}:{STABLE} -> {digest} (was {current or 'unset'})"
-
-
-def restore_previous(registry: Registry, repo: str) -> str:
-    """Point `stable` back at `stable-prev`; says what it did."""
-    previous = registry.manifest(repo, STABLE_PREV)
-    if previous is None:
-        raise ImageError(f"registry {registry.host}: {repo}:{STABLE_PREV} not found: no rollback")
-    digest = registry.push_manifest(repo, STABLE, *previous)
-    return f"{repo}:{STABLE} -> {digest} (restored from {STABLE_PREV})"
+    return current
 
 
 def stable_digest(registry: Registry, repo: str) -> str | None:

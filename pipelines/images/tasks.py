@@ -356,11 +356,11 @@ class Images:
 
         return promote.promote(self.registry, self.repository(), digest)
 
-    def restore_stable(self) -> str:
-        """Move `:stable` back to `stable-prev`; says what it did."""
+    def restore_stable(self, digest: str) -> str:
+        """Move `:stable` back to digest, a restored deployment's image; says what it did."""
         from pipelines.images import promote
 
-        return promote.restore_previous(self.registry, self.repository())
+        return promote.stable_back_to(self.registry, self.repository(), digest)
 
     def stable_digest(self) -> str | None:
         """The digest `:stable` points to now, if any."""
