@@ -15,6 +15,7 @@ from pipelines.targets.pruning import (
     Stray,
     owner_selector,
     prune_wanted,
+    pruned_fields,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "Stray",
     "owner_selector",
     "prune_wanted",
+    "pruned_fields",
 ]

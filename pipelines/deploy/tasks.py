@@ -14,7 +14,7 @@ from pipelines.deploy.health import smoke
 from pipelines.deploy.plan import Deployment
 from pipelines.deploy.preflight import provenance_problems
 from pipelines.deploy.profilelock import in_turn, profile_lock
-from pipelines.deploy.pruning import Stray, prune_wanted
+from pipelines.deploy.pruning import Stray, prune_wanted, pruned_fields
 from pipelines.deploy.records import (
     DEPLOYED,
     REFUSED,
@@ -531,11 +531,3 @@ class Deploy:
             self._backend_built(self.diff),
             deps=[self.render.name],
         )
-
-
-def pruned_fields(pruned: list[Stray], failed: list[str]) -> dict[str, Any]:
-    """What a record keeps of a prune: each deleted stray's entry, and what failed."""
-    fields: dict[str, Any] = {"pruned": [stray.entry for stray in pruned]}
-    if failed:
-        fields["prune_failed"] = failed
-    return fields

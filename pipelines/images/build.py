@@ -151,6 +151,11 @@ def engine_build(client: DockerClient | None, plan: BuildPlan, saved: Path) -> N
             buildargs=plan.args_with_key(),
             rm=True,
             forcerm=True,
+            # The tag's removal below prunes the build's intermediate images; a second build on
+            # this engine that took them as its cache would lose its parent mid-build ("failed
+            # to get digest"). Without the cache builds share nothing; after the prune there is
+            # no cache for a later build anyway.
+            nocache=True,
             network_mode="host",
             decode=True,
             platform=platform,
