@@ -22,6 +22,7 @@ from pipelines.targets.dockerengines import (
     DockerEngines,
     MemberHost,
     container_options,
+    labelled_containers,
     remove_strays,
 )
 
@@ -387,26 +388,17 @@ class DockerHosts(DockerEngines):
     def strays(self, deployment: Deployment, earlier: Deployment | None) -> list[Stray]:
         """The profile's deployment containers, on its engines and the earlier deployment's,
         that this deployment does not run (a member removed, moved to another host)."""
-        import docker.errors
-
         wanted = {
             (member.docker, container_name(deployment.profile, member.rank))
             for member, _ in deployment.members()
         }
-        engines = dict.fromkeys([*deployment.engines, *(earlier.engines if earlier else ())])
-        labels = [f"{PROFILE_LABEL}={deployment.profile}", KEY_LABEL]
+        engines = [*deployment.engines, *(earlier.engines if earlier else ())]
+        labels: dict[str, str | None] = {PROFILE_LABEL: deployment.profile, KEY_LABEL: None}
         found = []
-        for url in engines:
-            client = self.client(MemberHost(-1, "engine", url))
-            try:
-                listed = client.containers.list(all=True, filters={"label": labels})
-            except docker.errors.DockerException as err:
-                raise DeployError(f"engine {url}: listing containers: {err}") from None
-            for container in sorted(listed, key=lambda c: c.name or ""):
-                name = container.name or ""
-                # Set aside by a deploy in progress (or one killed): apply's own to restore.
-                if not name or (url, name) in wanted or name.endswith("-prev"):
-                    continue
+        for url, container in labelled_containers(self, engines, labels):
+            name = container.name or ""
+            # Set aside by a deploy in progress (or one killed): apply's own to restore.
+            if (url, name) not in wanted and not name.endswith("-prev"):
                 entry = {
                     "engine": url,
                     "container": name,

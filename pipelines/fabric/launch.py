@@ -24,6 +24,7 @@ from pipelines.targets.dockerengines import (
     DockerEngines,
     MemberHost,
     container_options,
+    labelled_containers,
     remove_strays,
 )
 from pipelines.targets.kubeapi import KubeAccess, KubeApi, Resource, delete_strays
@@ -138,27 +139,19 @@ class DockerLauncher:
     def strays(self, docs: list[dict[str, Any]]) -> list[Stray]:
         """The profile's fabric containers on its members' engines that are not these plans'
         (a rank the ring no longer has, a member moved, a leftover of a killed run)."""
-        import docker.errors
-
         urls = self.engines.engines()
         wanted = {(urls[p["rank"]], fabric_container(self.profile.name, p["rank"])) for p in docs}
-        selector = [f"{k}={v}" for k, v in self.labels.items()]
+        labels: dict[str, str | None] = dict(self.labels)
         found = []
-        for url in dict.fromkeys(urls):
-            client = self.engines.client(MemberHost(-1, "engine", url))
-            try:
-                listed = client.containers.list(all=True, filters={"label": selector})
-            except docker.errors.DockerException as err:
-                raise FabricError(f"fabric: engine {url}: listing containers: {err}") from None
-            for container in sorted(listed, key=lambda c: c.name or ""):
+        try:
+            for url, container in labelled_containers(self.engines, urls, labels):
                 name = container.name or ""
-                # The engine's answer is not trusted to have filtered: only our labels count.
-                mine = all(container.labels.get(k) == v for k, v in self.labels.items())
-                if not name or not mine or (url, name) in wanted:
-                    continue
-                image = (container.attrs.get("Config") or {}).get("Image", "")
-                entry = {"engine": url, "container": name, "image": image}
-                found.append(Stray(f"container {name} on {url}", entry))
+                if (url, name) not in wanted:
+                    image = (container.attrs.get("Config") or {}).get("Image", "")
+                    entry = {"engine": url, "container": name, "image": image}
+                    found.append(Stray(f"container {name} on {url}", entry))
+        except DeployError as err:
+            raise FabricError(f"fabric: {err}") from None
         return found
 
     def prune(self, strays: list[Stray]) -> list[str]:

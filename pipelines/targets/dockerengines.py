@@ -5,6 +5,7 @@ the container options of a launch plan."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from pipelines.targets.ssh import Tunnel
 
 if TYPE_CHECKING:
     from docker import DockerClient
+    from docker.models.containers import Container
     from docker.tls import TLSConfig
 
 # What the docker CLI reads from DOCKER_CERT_PATH for `--tlsverify`.
@@ -120,6 +122,29 @@ class DockerEngines:
             tunnel.close()
         self._clients.clear()
         self._tunnels.clear()
+
+
+def labelled_containers(
+    engines: DockerEngines, urls: Iterable[str], labels: dict[str, str | None]
+) -> Iterator[tuple[str, Container]]:
+    """(engine, container) for each named container on these engines that carries labels (None:
+    any value), in name order; the engine's filtering is checked here again (its answer is not
+    trusted to have filtered)."""
+    import docker.errors
+
+    selector = [key if value is None else f"{key}={value}" for key, value in labels.items()]
+    for url in dict.fromkeys(urls):
+        client = engines.client(MemberHost(-1, "engine", url))
+        try:
+            listed = client.containers.list(all=True, filters={"label": selector})
+        except docker.errors.DockerException as err:
+            raise DeployError(f"engine {url}: listing containers: {err}") from None
+        for container in sorted(listed, key=lambda c: c.name or ""):
+            carried = container.labels
+            if container.name and all(
+                key in carried and value in (None, carried[key]) for key, value in labels.items()
+            ):
+                yield url, container
 
 
 def remove_strays(engines: DockerEngines, strays: list[Stray]) -> list[str]:
