@@ -4,6 +4,7 @@ hashes and reads local state (records, results) with a cap on its size."""
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import os
 import secrets
@@ -88,6 +89,21 @@ def fsync_tree(root: Path) -> None:
             finally:
                 os.close(fd)
         fsync_dir(Path(dirpath))
+
+
+def flock_held(path: Path) -> bool:
+    """True when another process holds path's flock now (a missing file: nobody)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing lets go of a flock taken here
+    return False
 
 
 def write_temp(path: Path, data: bytes, mode: int) -> Path:

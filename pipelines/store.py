@@ -17,7 +17,7 @@ from urllib.parse import quote
 import msgspec
 
 from pipelines.errors import BadInput
-from pipelines.files import MiB, fsync_dir, fsync_tree, load_json_object, write_atomic
+from pipelines.files import MiB, flock_held, fsync_dir, fsync_tree, load_json_object, write_atomic
 from pipelines.statcache import StatCache
 
 # Folders the store keeps for itself; stages get their own through `area`.
@@ -148,16 +148,7 @@ class Store:
 
     def is_building(self, key: str) -> bool:
         """True when a builder holds key's lock now (its step is in progress)."""
-        path = self.root / "locks" / f"{key}.lock"
-        if not path.exists():
-            return False
-        with open(path, "a") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(f, fcntl.LOCK_UN)
-        return False
+        return flock_held(self.root / "locks" / f"{key}.lock")
 
     @contextlib.contextmanager
     def lock(self, key: str) -> Iterator[None]:

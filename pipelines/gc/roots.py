@@ -4,7 +4,6 @@ being staged, fetches in progress, the newest bench run of a profile."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -15,6 +14,7 @@ from typing import Any
 
 from pipelines.deploy.records import Records
 from pipelines.errors import PipelineError
+from pipelines.files import flock_held
 from pipelines.gc.builds import last_builds
 from pipelines.gc.checkout import Checkout, Named, checkout_names
 from pipelines.gc.inventory import model_folders
@@ -118,21 +118,6 @@ def model_roots(weights: Path, roots: RootSet) -> None:
             roots.add(f"model:{folder.name}", "being staged (its staging lock is held)")
         if not CACHE_KEY.fullmatch(folder.name):
             roots.add(f"model:{folder.name}", "not named as a cacheKey: what made it is unknown")
-
-
-def flock_held(path: Path) -> bool:
-    """True when another process holds path's flock now (a missing file: nobody)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing lets go of a flock taken here
-    return False
 
 
 def staged_roots(weights: Path, roots: RootSet) -> None:
