@@ -23,8 +23,9 @@ from pipelines.steps import Engine
 from pipelines.store import Store
 
 # doit's name=value arguments a stage reads: a digest CI pushed, a hand-given fabric check,
-# prune=no (deploy and the fabric check keep what a new render dropped).
-VARIABLES = ("image_digest", "stager_digest", "expect", "prune")
+# prune=no (deploy and the fabric check keep what a new render dropped), platform=linux/arm64
+# (the images for another architecture than this machine's, under emulation).
+VARIABLES = ("image_digest", "stager_digest", "expect", "prune", "platform")
 
 
 def stack_endpoints():

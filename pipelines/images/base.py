@@ -1,8 +1,17 @@
 """Base images made here: a Debian rootfs from debootstrap, packed as a one-layer OCI image.
 
 Base images cannot be pulled on these machines, so the local profile's runtime builds on a
-Debian made by debootstrap. No Docker engine is involved: the rootfs becomes a normalized
-layer directly, and the image is pushed to the registry under its key.
+Debian made by debootstrap, for this machine's architecture or, under qemu-user-static, another
+(emulation.py). No Docker engine is involved: the rootfs becomes a normalized layer directly,
+and the image is pushed to the registry under its key.
+
+Nothing of the build's surroundings reaches the bytes. debootstrap and the packages' maintainer
+scripts run with SOURCE_DATE_EPOCH (shadow's pwconv writes that day as every account's last
+change where it would write today's; Python's postinst compiles checked-hash .pyc files), one
+locale, one time zone and umask 022, whatever the caller has; what records the build machine
+and is not needed at run time is removed (PRUNE); the layer pins entry order, owners and mtimes
+(oci.py). tests/test_reproducible.py varies clock, zone, locale, umask, hostname, CPUs, kernel
+and file order and holds two builds to one digest.
 """
 
 from __future__ import annotations
@@ -17,6 +26,8 @@ from pathlib import Path
 
 from pipelines.images.debian_archive import fetch_debs, local_repository
 from pipelines.images.debian_lock import load_debian_lock
+from pipelines.images.emulation import require_emulation
+from pipelines.images.inputs import debian_arch
 from pipelines.images.oci import (
     Image,
     TarEntry,
@@ -42,17 +53,31 @@ PRUNE = (
     "etc/resolv.conf",
 )
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The caller's locale settings, dropped: LC_ALL below decides alone.
+LOCALE_VARIABLES = ("LANG", "LANGUAGE", "LC_ALL")
+BUILD_UMASK = 0o022  # what a fresh Debian's files are made with, whatever the caller's umask
 
 
-def debootstrap(spec: LocalBase, arch: str, names: list[str], mirror: str, rootfs: Path) -> None:
+def build_environment(environ: dict[str, str], epoch: int) -> dict[str, str]:
+    """The environment debootstrap runs in: the caller's, with the build date, locale and zone
+    pinned (the maintainer scripts inherit it through chroot)."""
+    kept = {k: v for k, v in environ.items() if k not in LOCALE_VARIABLES and k[:3] != "LC_"}
+    return {**kept, "SOURCE_DATE_EPOCH": str(epoch), "LC_ALL": "C.UTF-8", "TZ": "UTC"}
+
+
+def debootstrap(
+    spec: LocalBase, arch: str, names: list[str], mirror: str, rootfs: Path, epoch: int
+) -> None:
     """Make the rootfs with debootstrap from a repository of exactly the locked .debs (checked
-    by sha256 before, so no signature is asked of it); a failure shows the tail of its log."""
+    by sha256 before, so no signature is asked of it), dated epoch; a failure shows the tail of
+    its log."""
     command = ["debootstrap", f"--variant={spec.variant}", f"--arch={arch}", "--no-check-gpg"]
     command.append("--include=" + ",".join(names))  # every locked package, nothing resolved anew
     command += [spec.suite, str(rootfs), mirror]
     if shutil.which("debootstrap") is None:
         raise ImageError("debootstrap not found: `scripts/install` installs it")
-    result = subprocess.run(command, capture_output=True, text=True)
+    env = build_environment(dict(os.environ), epoch)
+    result = subprocess.run(command, capture_output=True, text=True, env=env, umask=BUILD_UMASK)
     if result.returncode != 0:
         tail = " | ".join((result.stdout + result.stderr).strip().splitlines()[-5:])
         raise ImageError(f"debootstrap {spec.suite} failed (exit {result.returncode}): {tail}")
@@ -107,8 +132,9 @@ def rootfs_members(rootfs: Path, epoch: int) -> Iterator[TarEntry]:
 
 
 def build_base(spec: LocalBase, lock: Path, arch: str, epoch: int, work: Path, debs: Path) -> Image:
-    """The one-layer image of a fresh debootstrap rootfs made from the lock's .debs (cached in
-    debs by sha256), normalized, its blobs in work."""
+    """The one-layer image of a fresh debootstrap rootfs for arch made from the lock's .debs
+    (cached in debs by sha256), normalized, its blobs in work."""
+    require_emulation(arch, debian_arch())
     refresh = f"doit lock_base (for {lock.parent.name})"
     locked = load_debian_lock(lock)
     wanted = locked.debs(spec, arch, lock, refresh)
@@ -116,7 +142,7 @@ def build_base(spec: LocalBase, lock: Path, arch: str, epoch: int, work: Path, d
     files = fetch_debs(locked, wanted, debs, str(lock), refresh)
     rootfs = work / "rootfs"
     repository = local_repository(locked, arch, files, work / "repo")
-    debootstrap(spec, arch, [d.name for d in wanted], repository, rootfs)
+    debootstrap(spec, arch, [d.name for d in wanted], repository, rootfs, epoch)
     shutil.rmtree(work / "repo")
     layer, diff_id = write_layer(rootfs_members(rootfs, epoch), work)
     shutil.rmtree(rootfs)

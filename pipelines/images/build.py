@@ -17,12 +17,15 @@ from pipelines.images.dockerfile import check_contents, check_froms
 
 if TYPE_CHECKING:
     from docker import DockerClient
+from pipelines.images.emulation import require_emulation
 from pipelines.images.inputs import (
     context_extra,
+    debian_arch,
     image_build_args,
     image_platform,
     image_repository,
     native_platform,
+    platform_arch,
 )
 from pipelines.images.oci import (
     Image,
@@ -234,6 +237,7 @@ def build_image(
     layers_cache: Layers | None = None,
 ) -> Image:
     """Build the plan with a builder and normalize the result into out (blobs + image.json)."""
+    require_emulation(platform_arch(plan.platform), debian_arch())
     with tempfile.TemporaryDirectory(dir=out, prefix="build-") as tmp:
         saved = Path(tmp) / "saved.tar"
         BUILDERS[builder](client, plan, saved)

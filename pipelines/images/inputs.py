@@ -19,13 +19,18 @@ from pipelines.paths import RECEIPT, REPO_ROOT
 from pipelines.schema import as_data
 
 EXTRA_CONTEXT = {"sparkforge-receipt.py": RECEIPT}  # every image carries the receipt writer
-BASE_RECIPE_VERSION = 2  # 2: built from the Debian lock's .debs
+BASE_RECIPE_VERSION = 3  # 2: built from the Debian lock's .debs; 3: dated SOURCE_DATE_EPOCH, C.UTF-8, UTC, umask 022
 
 
 def native_platform() -> str:
     """linux/<arch> of this machine, in OCI's names."""
     machine = host_platform.machine()
     return "linux/" + {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+
+
+def platform_arch(platform: str) -> str:
+    """The Debian architecture of an OCI platform (linux/arm64 -> arm64)."""
+    return platform.rpartition("/")[2]
 
 
 def image_build_args(image: ImageDir, base: str) -> dict[str, str]:

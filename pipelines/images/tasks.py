@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from pipelines.namedkeys import SigningKey
 
 
+# What `platform=` may name ("": image.yaml's platform).
+PLATFORMS = ("", "linux/amd64", "linux/arm64")
+
+
 def utc_now() -> str:
     """Now, as RFC 3339 in UTC (SLSA's timestamps)."""
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
@@ -82,7 +86,9 @@ class Images:
         self.name = f"{prefix}images"  # the stage's name in the task table
         self.digest_var = digest_var  # the doit variable that passes a digest CI pushed
         self.given_digest = context.variable(digest_var)
-        self.platform_override = platform  # build for this platform, whatever image.yaml says
+        # Build for this platform, whatever image.yaml says: the runtime's for a ring's stager,
+        # or `platform=linux/arm64` on the command line (under emulation on another machine).
+        self.platform_override = platform or context.variable("platform")
         self.wanted = wanted
         self.settings, self.who, self.git = context.settings, context.who, context.git
         self.built_at: tuple[str, str] | None = None  # the last build's start and end (UTC)
@@ -118,6 +124,9 @@ class Images:
     def image(self) -> ImageDir:
         """The image folder, validated (its platform the one asked for, if any)."""
         image = load_image(self.image_name)
+        if self.platform_override not in PLATFORMS:
+            expected = " or ".join(p for p in PLATFORMS if p)
+            raise ImageBadInput(f"platform={self.platform_override!r}: expected {expected}")
         if self.platform_override:
             spec = msgspec.structs.replace(image.spec, platform=self.platform_override)
             return ImageDir(image.path, spec)
@@ -129,12 +138,19 @@ class Images:
         platform = self.image.spec.platform
         return None if platform == "native" else platform
 
+    @property
+    def arch(self) -> str:
+        """The Debian architecture the image is built for (its base's too)."""
+        from pipelines.images.inputs import image_platform, platform_arch
+
+        return platform_arch(image_platform(self.image))
+
     # --- base ------------------------------------------------------------------------------
 
     def _base_step(self, local: LocalBase) -> Step:
         """The keyed step that debootstraps the local base; its output is a registry tag."""
         from pipelines.images.debian_lock import lock_file
-        from pipelines.images.inputs import BASE_RECIPE_VERSION, base_params, debian_arch
+        from pipelines.images.inputs import BASE_RECIPE_VERSION, base_params
 
         repository = base_repository(local)
         lock = lock_file(self.image.path)
@@ -144,7 +160,7 @@ class Images:
             from pipelines.images.oci import save_image_index
 
             epoch, debs = self.image.spec.source_date_epoch, self.engine.store.area("debs")
-            image = build_base(local, lock, debian_arch(), epoch, run.out, debs)
+            image = build_base(local, lock, self.arch, epoch, run.out, debs)
             save_image_index(image, run.out)
 
         return Step(
@@ -153,7 +169,7 @@ class Images:
             version=BASE_RECIPE_VERSION,
             doc="debootstrap the local Debian base from its lock's .debs, push it under its key",
             action=debootstrap_base,
-            params=lambda: base_params(local, debian_arch()),
+            params=lambda: base_params(local, self.arch),
             inputs={"debian_lock": lock},
             cache=RegistryCache(self.registry, repository),
         )
@@ -168,9 +184,7 @@ class Images:
             release_change,
             write_debian_lock,
         )
-        from pipelines.images.inputs import debian_arch
-
-        local, arch = self.image.spec.base.local, debian_arch()
+        local, arch = self.image.spec.base.local, self.arch
         assert local is not None  # the task exists only for a local base
         path = lock_file(self.image.path)
         old = load_debian_lock(path) if path.exists() else None
@@ -292,15 +306,6 @@ class Images:
         from pipelines.images.layer_cache import LayerCache
 
         plan = self.plan()
-        if self.image.spec.base.local:
-            from pipelines.images.inputs import native_platform
-
-            if plan.platform != native_platform():
-                raise PipelineError(
-                    f"{plan.name}: its Debian base is debootstrapped for this machine"
-                    f" ({native_platform()}), the ring needs {plan.platform}: build it on a"
-                    f" {plan.platform} runner (CI's) or pass {self.digest_var}=sha256:..."
-                )
         docker_host = self.site.docker_host
         builder = choose_builder(docker_host is not None, self.builder)
         if builder == "engine" and docker_host is None:

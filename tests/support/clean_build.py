@@ -1,0 +1,78 @@
+"""A clean build of an image's base, or of the image on its base, into a folder: what the
+reproducibility tests run twice, once under other conditions (support/variations.py).
+
+Run as `python tests/support/clean_build.py base|image FOLDER PLATFORM OUT DEBS`: FOLDER is the
+image folder (its name the image's), PLATFORM linux/amd64 or linux/arm64, OUT an empty folder,
+DEBS the shared cache of locked .debs (inputs checked by sha256, not build conditions). Prints
+one JSON line: the step's key, the image's digest and the folder its image.json is in. The base
+is debootstrapped without the registry; the image is built by the engine of the stack named in
+the environment (the tests' own), without its cache, on the base that stack's registry holds
+for the base's key.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import msgspec
+
+# tests/, not tests/support/, first: `support` imports, and support/doit.py would hide doit.
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from support import stages  # noqa: E402
+
+import devstack  # noqa: E402
+from pipelines.images import Images  # noqa: E402
+from pipelines.images.spec import ImageDir, load_image  # noqa: E402
+from pipelines.profiles import load_profile  # noqa: E402
+from pipelines.site import Site  # noqa: E402
+from pipelines.steps import Engine  # noqa: E402
+from pipelines.store import Store  # noqa: E402
+
+
+class ImageAt(Images):
+    """The images stage of the local profile around the image in a given folder, for a platform."""
+
+    def __init__(self, folder: Path, platform: str, engine: Engine, site: Site):
+        image = load_image(folder.name, folder.parent)
+        self.image = ImageDir(image.path, msgspec.structs.replace(image.spec, platform=platform))
+        super().__init__(stages.context(load_profile("local"), engine, site))
+
+
+def main(kind: str, folder: Path, platform: str, out: Path, debs: Path) -> dict[str, str]:
+    """Build and describe one clean build."""
+    endpoints = devstack.read_endpoints()
+    site = Site(lambda: (endpoints.registry, (endpoints.docker_host,)))
+    engine = Engine(Store(out / "store"))
+    images = ImageAt(folder, platform, engine, site)
+    work = out / "image"
+    work.mkdir()
+    if kind == "base":
+        from pipelines.images.base import build_base
+        from pipelines.images.debian_lock import lock_file
+        from pipelines.images.oci import save_image_index
+
+        local = images.image.spec.base.local
+        assert local is not None, f"{folder}: no local base"
+        step = images.base_step
+        assert step is not None
+        epoch = images.image.spec.source_date_epoch
+        image = build_base(local, lock_file(folder), images.arch, epoch, work, debs)
+        save_image_index(image, work)
+    else:
+        import docker
+
+        from pipelines.images.build import build_image
+
+        step = images.image_step
+        client = docker.DockerClient(base_url=endpoints.docker_host)
+        image = build_image(client, images.plan(), "engine", work)
+    return {"key": engine.key(step), "digest": image.digest, "folder": str(work)}
+
+
+if __name__ == "__main__":
+    kind, folder, platform, out, debs = sys.argv[1:6]
+    result = main(kind, Path(folder), platform, Path(out), Path(debs))
+    print(json.dumps(result))
