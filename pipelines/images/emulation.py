@@ -15,7 +15,7 @@ QEMU_NAMES = {"arm64": "aarch64", "amd64": "x86_64"}
 ENTRY_CAP = 4096  # a handler's entry is a few lines
 
 
-def emulation_problem(arch: str, native: str, binfmt: Path = BINFMT) -> str | None:
+def emulation_problem(arch: str, native: str) -> str | None:
     """Why this machine cannot run arch's binaries, or None when it can (arch is native, or its
     handler is registered, enabled and fixed)."""
     if arch == native:
@@ -23,7 +23,7 @@ def emulation_problem(arch: str, native: str, binfmt: Path = BINFMT) -> str | No
     name = QEMU_NAMES.get(arch)
     if name is None:
         return f"no emulator is known for {arch}: expected one of {', '.join(QEMU_NAMES)}"
-    entry = binfmt / f"qemu-{name}"
+    entry = BINFMT / f"qemu-{name}"
     try:
         with open(entry, encoding="ascii", errors="replace") as f:
             lines = f.read(ENTRY_CAP).splitlines()

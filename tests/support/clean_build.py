@@ -16,35 +16,25 @@ import json
 import sys
 from pathlib import Path
 
-import msgspec
+if __name__ == "__main__":
+    # tests/, not tests/support/, first: `support` imports, and support/doit.py would hide doit.
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-# tests/, not tests/support/, first: `support` imports, and support/doit.py would hide doit.
-sys.path[0] = str(Path(__file__).resolve().parent.parent)
-
-from support import stages  # noqa: E402
+from support.stages import ImageAt  # noqa: E402
 
 import devstack  # noqa: E402
-from pipelines.images import Images  # noqa: E402
-from pipelines.images.spec import ImageDir, load_image  # noqa: E402
-from pipelines.profiles import load_profile  # noqa: E402
 from pipelines.site import Site  # noqa: E402
 from pipelines.steps import Engine  # noqa: E402
 from pipelines.store import Store  # noqa: E402
 
 
-class ImageAt(Images):
-    """The images stage of the local profile around the image in a given folder, for a platform."""
-
-    def __init__(self, folder: Path, platform: str, engine: Engine, site: Site):
-        image = load_image(folder.name, folder.parent)
-        self.image = ImageDir(image.path, msgspec.structs.replace(image.spec, platform=platform))
-        super().__init__(stages.context(load_profile("local"), engine, site))
-
-
 def main(kind: str, folder: Path, platform: str, out: Path, debs: Path) -> dict[str, str]:
     """Build and describe one clean build."""
-    endpoints = devstack.read_endpoints()
-    site = Site(lambda: (endpoints.registry, (endpoints.docker_host,)))
+    def stack() -> tuple[str, tuple[str, ...]]:
+        endpoints = devstack.read_endpoints()  # asked only by an image build: a base needs none
+        return endpoints.registry, (endpoints.docker_host,)
+
+    site = Site(stack)
     engine = Engine(Store(out / "store"))
     images = ImageAt(folder, platform, engine, site)
     work = out / "image"
@@ -67,7 +57,7 @@ def main(kind: str, folder: Path, platform: str, out: Path, debs: Path) -> dict[
         from pipelines.images.build import build_image
 
         step = images.image_step
-        client = docker.DockerClient(base_url=endpoints.docker_host)
+        client = docker.DockerClient(base_url=site.docker_host)
         image = build_image(client, images.plan(), "engine", work)
     return {"key": engine.key(step), "digest": image.digest, "folder": str(work)}
 

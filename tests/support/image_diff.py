@@ -81,4 +81,5 @@ def image_differences(first: Path, second: Path) -> list[str]:
                 lines.append(f"layer {n}: " + content_difference(name, data_a, data_b))
         if not lines:
             lines.append(f"layer {n}: same entries, other bytes (the compressor or tar headers)")
-    return lines[:MAX_LINES] + ([f"... {len(lines) - MAX_LINES} more"] if len(lines) > MAX_LINES else [])
+    more = [f"... {len(lines) - MAX_LINES} more"] if len(lines) > MAX_LINES else []
+    return lines[:MAX_LINES] + more

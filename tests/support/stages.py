@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from pathlib import Path
 
-from pipelines.images import PublishedImage
-from pipelines.profiles import Profile
+import msgspec
+
+from pipelines.images import Images, PublishedImage
+from pipelines.images.spec import ImageDir, load_image
+from pipelines.profiles import Profile, load_profile
 from pipelines.render import Render
 from pipelines.settings import read_settings
 from pipelines.site import Site
@@ -45,3 +49,12 @@ def render_stage(
     run = context(profile, engine, secrets=secrets)
     weights = Weights(run)
     return Render(run, model=weights.outputs, image=pinned(image), stager=NO_STAGER)
+
+
+class ImageAt(Images):
+    """The images stage of the local profile around the image in a folder, for a platform."""
+
+    def __init__(self, folder: Path, platform: str, engine: Engine, site: Site):
+        image = load_image(folder.name, folder.parent)
+        self.image = ImageDir(image.path, msgspec.structs.replace(image.spec, platform=platform))
+        super().__init__(context(load_profile("local"), engine, site))

@@ -1,0 +1,116 @@
+"""Two clean builds of one image under other conditions, and the digests recorded where the
+project is developed (tests/data/images/digests.yaml): the reproducibility tests' shared part."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from support.image_diff import image_differences
+from support.variations import Variation, listed_in_another_order, missing_tools
+
+REPO = Path(__file__).resolve().parent.parent.parent
+RECORD = REPO / "tests" / "data" / "images" / "digests.yaml"
+CLEAN_BUILD = Path(__file__).resolve().parent / "clean_build.py"
+
+
+@dataclass(frozen=True)
+class Build:
+    """One clean build's key, digest and the folder its image.json is in."""
+
+    key: str
+    digest: str
+    folder: Path
+
+
+def clean_build(
+    kind: str, image: str, platform: str, variation: Variation, work: Path, debs: Path
+) -> Build:
+    """A clean build of an image's base (kind base) or of the image (kind image) under a
+    variation, in a process of its own."""
+    absent = missing_tools()
+    assert not absent, f"the build variations need {', '.join(absent)}: run scripts/install"
+    out = Path(tempfile.mkdtemp(dir=work, prefix=f"{kind}-{image}-{variation.name}-"))
+    folder = REPO / "images" / image
+    with contextlib.ExitStack() as stack:
+        if variation.shuffled:
+            folder = stack.enter_context(listed_in_another_order(folder, out / "shuffled"))
+        argv = [sys.executable, str(CLEAN_BUILD), kind, str(folder), platform, str(out / "b")]
+        argv.append(str(debs))
+        result = subprocess.run(
+            variation.command(argv),
+            env=variation.environment(dict(os.environ)),
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
+    assert result.returncode == 0, (
+        f"{kind} {image} {platform} under {variation.describe()}: exit {result.returncode}:"
+        f" {result.stderr.strip()[-1500:]}"
+    )
+    built = json.loads(result.stdout.strip().splitlines()[-1])
+    return Build(built["key"], built["digest"], Path(built["folder"]))
+
+
+def assert_one_digest(first: Build, second: Build, what: str, variation: Variation) -> None:
+    """Both builds have one key and one digest; else the failure names what differs."""
+    assert first.key == second.key, f"{what}: the key moved under {variation.describe()}"
+    if first.digest != second.digest:
+        differences = "\n".join(image_differences(first.folder, second.folder))
+        pytest.fail(
+            f"{what} under {variation.describe()}: {first.digest} != {second.digest};"
+            f" what differs:\n{differences}",
+            pytrace=False,
+        )
+
+
+def assert_recorded(kind: str, image: str, arch: str, build: Build, tried: list[str]) -> None:
+    """The digest recorded for this key where the project is developed is this build's."""
+    name = f"{image}-base" if kind == "base" else image
+    records = yaml.safe_load(RECORD.read_text()) or {}
+    recorded = records.get(name, {}).get(arch)
+    entry = {
+        name: {
+            arch: {
+                "key": build.key,
+                "digest": build.digest,
+                "measured": datetime.date.today().isoformat(),
+                "variations": tried,
+            }
+        }
+    }
+    assert recorded is not None and recorded["key"] == build.key, (
+        f"{RECORD.relative_to(REPO)}: no digest recorded for {name} {arch} key {build.key};"
+        " once its builds under varied conditions agree, record:\n"
+        + yaml.safe_dump(entry, sort_keys=False, width=200)
+    )
+    assert build.digest == recorded["digest"], (
+        f"{name} {arch}: key {build.key[:16]} gave {build.digest} here, where"
+        f" {RECORD.relative_to(REPO)} records {recorded['digest']} ({recorded['measured']})"
+    )
+
+
+def bases_in_registry(stack, images: list[str], platform: str, tmp_path_factory) -> None:
+    """Each image's base for platform in the tests' registry, built by the pipeline's own step
+    where the registry lacks its key."""
+    from support.stages import ImageAt
+
+    from pipelines.site import Site
+    from pipelines.steps import Engine
+    from pipelines.store import Store
+
+    site = Site(lambda: (stack.registry, (stack.docker_host,)))
+    for image in images:
+        engine = Engine(Store(tmp_path_factory.mktemp("base-store")))
+        stage = ImageAt(REPO / "images" / image, platform, engine, site)
+        assert stage.base_step is not None
+        engine.run(stage.base_step)

@@ -1,0 +1,152 @@
+"""The Sparks' architecture, built and run here under emulation (qemu-user-static): the arm64
+bases and images give one digest per key whatever the build's conditions, and the arm64
+weights-stager stages a small model from the local S3 in an arm64 container."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import pytest
+from support.deploying import free_port
+from support.reproducible import (
+    REPO,
+    assert_one_digest,
+    assert_recorded,
+    bases_in_registry,
+    clean_build,
+)
+from support.stages import ImageAt
+from support.variations import DAYS, PLAIN, YEARS
+
+from pipelines.deploy.ringstage import (
+    PLAN_PARENT,
+    plan_archive,
+    s3_environment,
+    stager_command,
+)
+from pipelines.images.emulation import emulation_problem
+from pipelines.images.inputs import debian_arch
+from pipelines.site import Site
+from pipelines.steps import Engine
+from pipelines.store import Store
+from pipelines.weights.ringplan import RingNode, plan_json, plan_ring
+
+PLATFORM, ARCH = "linux/arm64", "arm64"
+DEBS = REPO / ".cache" / "debs"
+VARIED = [
+    ("base", "local-sim", DAYS),
+    ("base", "weights-stager", YEARS),
+    ("image", "weights-stager", DAYS),  # its wheels come over TLS: see test_reproducible.py
+    ("image", "local-sim", YEARS),
+]
+RECORDED = [("base", "local-sim"), ("base", "weights-stager"), ("image", "weights-stager")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def emulation():
+    """This machine runs arm64 binaries (scripts/install registers qemu); else one line."""
+    problem = emulation_problem(ARCH, debian_arch())
+    if problem is not None:
+        pytest.fail(f"arm64 under emulation: {problem}; run scripts/install", pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """The plain clean build of (kind, image), made once for the module."""
+    built = {}
+    work = tmp_path_factory.mktemp("plain")
+
+    def build(kind: str, image: str):
+        if (kind, image) not in built:
+            built[kind, image] = clean_build(kind, image, PLATFORM, PLAIN, work, DEBS)
+        return built[kind, image]
+
+    return build
+
+
+@pytest.fixture(scope="module")
+def with_bases(stack, tmp_path_factory):
+    """The images' arm64 bases in the tests' registry."""
+    bases_in_registry(stack, ["local-sim", "weights-stager"], PLATFORM, tmp_path_factory)
+
+
+def ids(value):
+    """A variation by its name in test ids."""
+    return getattr(value, "name", value)
+
+
+@pytest.mark.parametrize(("kind", "image", "variation"), VARIED[:2], ids=ids)
+def test_two_clean_arm64_builds_of_a_base_under_other_conditions_give_one_digest(
+    kind, image, variation, plain, tmp_path
+):
+    varied = clean_build(kind, image, PLATFORM, variation, tmp_path, DEBS)
+    assert_one_digest(plain(kind, image), varied, f"{kind} {image} {ARCH}", variation)
+
+
+@pytest.mark.parametrize(("kind", "image", "variation"), VARIED[2:], ids=ids)
+def test_two_clean_arm64_builds_of_an_image_under_other_conditions_give_one_digest(
+    kind, image, variation, plain, with_bases, tmp_path
+):
+    varied = clean_build(kind, image, PLATFORM, variation, tmp_path, DEBS)
+    assert_one_digest(plain(kind, image), varied, f"{kind} {image} {ARCH}", variation)
+
+
+@pytest.mark.parametrize(("kind", "image"), RECORDED)
+def test_the_arm64_digest_is_the_one_recorded_for_its_key(kind, image, plain, with_bases):
+    tried = sorted({v.describe() for k, i, v in VARIED if (k, i) == (kind, image)})
+    assert_recorded(kind, image, ARCH, plain(kind, image), tried)
+
+
+@pytest.fixture(scope="module")
+def arm64_stager(stack, with_bases, tmp_path_factory):
+    """The arm64 weights-stager image, built by the pipeline's step (or found by its key)."""
+    engine = Engine(Store(tmp_path_factory.mktemp("stager-store")))
+    site = Site(lambda: (stack.registry, (stack.docker_host,)))
+    images = ImageAt(REPO / "images" / "weights-stager", PLATFORM, engine, site)
+    engine.run(images.image_step)
+    return images.image_ref()
+
+
+def test_the_arm64_stager_stages_a_small_model_from_s3_in_an_arm64_container(
+    arm64_stager, synthetic, stack_env, docker_client, tmp_path, capsys
+):
+    _, lock = synthetic
+    entries = [(e.name, e.locked_size, e.locked_sha256) for e in lock.files]
+    node = RingNode("spark-a", "127.0.0.1", {})
+    plan = plan_ring(lock.model, lock.source, "0" * 64, entries, [node], free_port())
+    root = tmp_path / "weights"
+    root.mkdir()
+    docker_client.images.pull(arm64_stager)
+    container = docker_client.containers.create(
+        arm64_stager,
+        stager_command(0, str(root), "model", 1.0),
+        network_mode="host",
+        environment=s3_environment(stack_env),
+        volumes={str(root): {"bind": str(root), "mode": "rw"}},
+    )
+    try:
+        container.put_archive(PLAN_PARENT, plan_archive(plan_json(plan)))
+        started = time.monotonic()
+        container.start()
+        status = container.wait(timeout=600)["StatusCode"]
+        took = time.monotonic() - started
+        log = container.logs().decode(errors="replace")
+        machine = docker_client.containers.run(
+            arm64_stager, entrypoint=["uname", "-m"], remove=True
+        ).decode()
+    finally:
+        container.remove(force=True)
+    assert status == 0, f"the arm64 stager exited {status}: {log[-2000:]}"
+    assert machine.strip() == "aarch64"
+    staged = root / "model"
+    for entry in lock.files:
+        path = staged / entry.name
+        assert path.is_file(), f"{entry.name}: not staged; log: {log[-1000:]}"
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        assert digest == entry.locked_sha256, f"{entry.name}: staged bytes do not verify"
+    size = sum(e.locked_size for e in lock.files)
+    with capsys.disabled():
+        files = len(lock.files)
+        print(f"\narm64 stager under emulation: {files} files, {size} bytes, {took:.1f} s")
+        print(log.strip())
