@@ -7,11 +7,11 @@ and the image is pushed to the registry under its key.
 
 Nothing of the build's surroundings reaches the bytes. debootstrap and the packages' maintainer
 scripts run with SOURCE_DATE_EPOCH (shadow's pwconv writes that day as every account's last
-change where it would write today's; Python's postinst compiles checked-hash .pyc files), one
-locale, one time zone and umask 022, whatever the caller has; what records the build machine
-and is not needed at run time is removed (PRUNE); the layer pins entry order, owners and mtimes
-(oci.py). tests/test_reproducible.py varies clock, zone, locale, umask, hostname, CPUs, kernel
-and file order and holds two builds to one digest.
+change where it would write today's; Python's postinst compiles checked-hash .pyc files); what
+records the build and is not needed at run time is removed (PRUNE: logs with their dates,
+ldconfig's aux-cache with its stat times, ...); the layer pins entry order, owners and mtimes
+(oci.py). tests/test_reproducible.py varies clock, zone, locale, umask, hostname, CPUs and file
+order and holds two builds to one digest.
 """
 
 from __future__ import annotations
@@ -53,16 +53,13 @@ PRUNE = (
     "etc/resolv.conf",
 )
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# The caller's locale settings, dropped: LC_ALL below decides alone.
-LOCALE_VARIABLES = ("LANG", "LANGUAGE", "LC_ALL")
-BUILD_UMASK = 0o022  # what a fresh Debian's files are made with, whatever the caller's umask
 
 
 def build_environment(environ: dict[str, str], epoch: int) -> dict[str, str]:
-    """The environment debootstrap runs in: the caller's, with the build date, locale and zone
-    pinned (the maintainer scripts inherit it through chroot)."""
-    kept = {k: v for k, v in environ.items() if k not in LOCALE_VARIABLES and k[:3] != "LC_"}
-    return {**kept, "SOURCE_DATE_EPOCH": str(epoch), "LC_ALL": "C.UTF-8", "TZ": "UTC"}
+    """The environment debootstrap runs in: the caller's, dated epoch (the maintainer scripts
+    inherit it through chroot). Locale and umask need no pin: debootstrap sets LANG=C and umask
+    022 itself, and tests/test_reproducible.py varies both (TZ too) to hold it so."""
+    return {**environ, "SOURCE_DATE_EPOCH": str(epoch)}
 
 
 def debootstrap(
@@ -77,7 +74,7 @@ def debootstrap(
     if shutil.which("debootstrap") is None:
         raise ImageError("debootstrap not found: `scripts/install` installs it")
     env = build_environment(dict(os.environ), epoch)
-    result = subprocess.run(command, capture_output=True, text=True, env=env, umask=BUILD_UMASK)
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
     if result.returncode != 0:
         tail = " | ".join((result.stdout + result.stderr).strip().splitlines()[-5:])
         raise ImageError(f"debootstrap {spec.suite} failed (exit {result.returncode}): {tail}")

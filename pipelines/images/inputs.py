@@ -19,7 +19,7 @@ from pipelines.paths import RECEIPT, REPO_ROOT
 from pipelines.schema import as_data
 
 EXTRA_CONTEXT = {"sparkforge-receipt.py": RECEIPT}  # every image carries the receipt writer
-BASE_RECIPE_VERSION = 3  # 2: built from the Debian lock's .debs; 3: dated SOURCE_DATE_EPOCH, C.UTF-8, UTC, umask 022
+BASE_RECIPE_VERSION = 3  # 2: built from the Debian lock's .debs; 3: dated SOURCE_DATE_EPOCH
 
 
 def native_platform() -> str:

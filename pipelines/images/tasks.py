@@ -184,6 +184,7 @@ class Images:
             release_change,
             write_debian_lock,
         )
+
         local, arch = self.image.spec.base.local, self.arch
         assert local is not None  # the task exists only for a local base
         path = lock_file(self.image.path)

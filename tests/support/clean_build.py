@@ -30,6 +30,7 @@ from pipelines.store import Store  # noqa: E402
 
 def main(kind: str, folder: Path, platform: str, out: Path, debs: Path) -> dict[str, str]:
     """Build and describe one clean build."""
+
     def stack() -> tuple[str, tuple[str, ...]]:
         endpoints = devstack.read_endpoints()  # asked only by an image build: a base needs none
         return endpoints.registry, (endpoints.docker_host,)

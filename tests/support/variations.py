@@ -97,7 +97,7 @@ YEARS = Variation(
     "years",
     clock="+1130d",
     tz="America/Anchorage",
-    lang="de_DE.ISO-8859-1",
+    lang="C.UTF-8",  # a locale every Debian has, the chroot's too
     umask=0o027,
     hostname="builder-of-2029",
     shuffled=True,
