@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -109,3 +110,48 @@ def test_importing_dodo_or_the_pipeline_into_an_image_is_refused_by_ruff(tmp_pat
     )
     assert result.returncode != 0
     assert "TID251" in result.stdout, result.stdout
+
+
+# Lists each import cycle of a package once: a module, and a module it imports that imports it
+# back (directly or through others), with the chain back. grimp counts every import, those in
+# functions and under TYPE_CHECKING too: a cycle hidden in a function is still a cycle.
+CYCLES = """
+import json, sys
+import grimp
+cycles = []
+for package in sys.argv[1:]:
+    graph = grimp.build_graph(package, cache_dir=None)
+    for module in sorted(graph.modules):
+        for imported in sorted(graph.find_modules_directly_imported_by(module)):
+            back = graph.find_shortest_chain(importer=imported, imported=module)
+            if back and not any(set(back) == set(c) for c in cycles):
+                cycles.append([module, *back])
+print(json.dumps(cycles))
+"""
+
+
+def import_cycles(folder: Path) -> list[list[str]]:
+    """The import cycles of the project's packages in folder (the simulator's `sim` too)."""
+    path = f"{folder}:{folder / 'images' / 'local-sim'}"
+    result = subprocess.run(
+        [sys.executable, "-c", CYCLES, "pipelines", "devstack", "sim"],
+        cwd=folder,  # `-c` puts the working folder first on the path: the copy's, not ours
+        env={"PYTHONPATH": path, "PATH": str(BIN)},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_no_module_imports_itself_through_others(tmp_path):
+    cycles = import_cycles(copy_project(tmp_path))
+    assert cycles == [], "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_a_new_import_cycle_is_found_and_named(tmp_path):
+    folder = copy_project(tmp_path)
+    oci = folder / "pipelines" / "images" / "oci.py"
+    oci.write_text(oci.read_text() + "\nfrom pipelines.images import registry  # noqa\n")
+    cycles = import_cycles(folder)
+    assert ["pipelines.images.oci", "pipelines.images.registry", "pipelines.images.oci"] in cycles

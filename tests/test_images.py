@@ -26,7 +26,8 @@ from pipelines.images.build import (
     choose_builder,
 )
 from pipelines.images.dockerfile import check_contents, check_froms
-from pipelines.images.registry import Registry, RegistryCache
+from pipelines.images.registry import Registry
+from pipelines.images.registry_cache import RegistryCache
 from pipelines.images.spec import ImageError, load_image
 from pipelines.paths import RECEIPT
 from pipelines.profiles import load_profile

@@ -5,6 +5,7 @@ profile, deployed)` -> (passed, when), `fabric_refusal` -> the one line saying w
 """
 
 from pipelines.fabric.records import Verdict, fabric_refusal, fabric_verdict
-from pipelines.fabric.tasks import Fabric, FabricSettings
+from pipelines.fabric.settings import FabricSettings
+from pipelines.fabric.tasks import Fabric
 
 __all__ = ["Fabric", "FabricSettings", "Verdict", "fabric_refusal", "fabric_verdict"]

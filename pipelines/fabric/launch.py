@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from docker import DockerClient
     from docker.models.containers import Container
 
-    from pipelines.fabric.tasks import FabricSettings
+    from pipelines.fabric.settings import FabricSettings
 
 # The kinds a fabric render applies on Kubernetes: where its strays are looked for.
 KUBE_KINDS = (("v1", "ConfigMap"), ("batch/v1", "Job"))

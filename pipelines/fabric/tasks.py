@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines.errors import PipelineError
 from pipelines.fabric.records import FAILED, PASSED, fabric_refusal, write_result
+from pipelines.fabric.settings import FabricSettings
 from pipelines.files import MiB
 from pipelines.profiles import Profile
 from pipelines.schema import load_yaml_documents
-from pipelines.site import Site
 from pipelines.stage import Context
 from pipelines.steps import Step, side_task
 from pipelines.targets import load, target_of
@@ -24,24 +24,6 @@ if TYPE_CHECKING:  # the parser and the checks are imported when a check runs, n
     from pipelines.fabric.expect import Expectations
     from pipelines.fabric.launch import Launcher, MemberRun
     from pipelines.fabric.nccllog import NcclLog
-
-# A 1 GiB sweep at the Socket fallback's ~3 GB/s takes minutes; a hung rendezvous takes forever.
-DEFAULT_TIMEOUT_S = 900
-
-
-@dataclass(frozen=True)
-class FabricSettings:
-    """What the edge tells the fabric stage."""
-
-    site: Site  # the Docker engines by member (the local stack's), read on first use
-    who: str
-    git: Callable[[], str]
-    kube: KubeAccess = KubeAccess()
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    expect: str = ""  # `expect=P2P>=200`: replaces the profile's expectations (a hand check)
-    prune: bool = True  # `prune=no`: keep what an earlier render applied and this one lacks
-    # (profile, settings) -> launcher; None: the profile's deploy decides (launch.py)
-    launcher: Callable[[Profile, FabricSettings], Any] | None = None
 
 
 # The fabric documents a render writes are a few KiB each; a file past this is not one of them.

@@ -16,7 +16,7 @@ from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from pipelines.addresses import is_loopback
-from pipelines.images.oci import MANIFEST_TYPE, Image, load_image_index
+from pipelines.images.oci import MANIFEST_TYPE, Image
 from pipelines.images.spec import ImageBadInput, ImageError, ImageUnreachable
 from pipelines.progress import Progress, ProgressSink, human_bytes, say
 
@@ -413,52 +413,3 @@ def registry_credentials(host: str) -> Credentials | None:
         return None
     entry = {k.lower(): v for k, v in found.items()}
     return Credentials(entry.get("username", ""), entry.get("password"), entry.get("identitytoken"))
-
-
-@dataclass(frozen=True)
-class RegistryCache:
-    """The engine's cache backend for images: output for a key exists when its tag does.
-
-    publish pushes the built image's blobs, then its manifest under extra tags, and the key
-    tag last: the key tag appears only once everything it names is in the registry.
-    """
-
-    registry: Registry
-    repository: str
-    # Tags pushed beside the key tag, asked for only when publishing (`git rev-parse` is not
-    # free, and a no-op run publishes nothing).
-    extra_tags: Callable[[], tuple[str, ...]] = tuple
-    name: str = "registry"
-    # The signed envelope of an image pushed (ref by digest, key, step record), or None: no
-    # attestation (a base image, or no signing key in this run).
-    attest: Callable[[str, str, dict[str, Any]], bytes] | None = None
-
-    @staticmethod
-    def key_tag(key: str) -> str:
-        """The tag that marks the image of a key (the image cache)."""
-        return f"key-{key[:32]}"
-
-    def has(self, key: str) -> bool:
-        """True when the registry holds the key's tag (and, for an attested image, its
-        attestation: an image pushed before it was signed is built and attested again)."""
-        digest = self.registry.manifest_digest(self.repository, self.key_tag(key))
-        if digest is None or self.attest is None:
-            return digest is not None
-        from pipelines.images.attestations import attestation_tag
-
-        return self.registry.manifest_digest(self.repository, attestation_tag(digest)) is not None
-
-    def publish(self, key: str, work: Path, record: dict[str, Any]) -> None:
-        """Push the image the step wrote (work/out/image.json), then its attestation when it
-        is signed, the key tag last."""
-        image = load_image_index(work / "out")
-        digest = self.registry.push_image(self.repository, image, list(self.extra_tags()))
-        where = f"{self.registry.host}/{self.repository}@{digest}"
-        if self.attest is not None:
-            from pipelines.images.attestations import attach
-
-            envelope = self.attest(where, key, record)
-            attach(self.registry, self.repository, digest, envelope, work)
-            print(f"{record['name']}: attested {digest[:19]} (in-toto SLSA v1, DSSE)")
-        self.registry.push_manifest(self.repository, self.key_tag(key), image.manifest)
-        print(f"{record['name']}: {where}")

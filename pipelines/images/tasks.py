@@ -17,7 +17,8 @@ import msgspec
 
 from pipelines.errors import PipelineError
 from pipelines.images.inputs import base_repository, image_repository
-from pipelines.images.registry import Registry, RegistryCache
+from pipelines.images.registry import Registry
+from pipelines.images.registry_cache import RegistryCache
 from pipelines.images.spec import (
     ImageBadInput,
     ImageDir,

@@ -12,14 +12,30 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .prompt import Prompt, flag
 from .reply import Piece, Reply
 from .timing import chunk_sizes, first_token_at, request_pace, sleep_until
 
 if TYPE_CHECKING:
-    from .handler import Handler
+    from .engine import Engine
+
+
+class Client(Protocol):
+    """What a stream needs of the request handler it answers through (handler.Handler), so
+    that the handler imports the stream and not the other way round."""
+
+    engine: Engine
+    received_mono: float  # when the request arrived
+    close_connection: bool
+
+    def send_response(self, code: int) -> None: ...
+    def send_header(self, keyword: str, value: str) -> None: ...
+    def end_headers(self) -> None: ...
+    def send_json(self, status: int, body: object) -> None: ...
+    def write_chunk(self, data: bytes) -> float: ...
+
 
 FINGERPRINT = "sparkforge-simulator"
 PROMPT_HEAD = 64  # characters of each prompt kept in the truth: enough to tell nonces apart
@@ -32,7 +48,7 @@ class ClientGone(Exception):
 class Stream:
     """One request on its way: admission, paced chunks, the response, metrics and truth."""
 
-    def __init__(self, h: Handler, kind: str, body: dict, prompt: Prompt, reply: Reply,
+    def __init__(self, h: Client, kind: str, body: dict, prompt: Prompt, reply: Reply,
                  received: float):  # fmt: skip
         self.h, self.kind, self.prompt, self.reply = h, kind, prompt, reply
         self.engine = h.engine
