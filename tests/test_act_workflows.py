@@ -105,7 +105,7 @@ def lab(stack, tmp_path_factory, docker_client):
 
 @pytest.fixture(scope="module")
 def ring_lab(lab, stack):
-    """The lab with its ring's weights-stager built and pushed, as the README asks a lab to do
+    """The lab with its ring's weights-stager built and pushed, as docs/staging.md asks a lab to do
     once (`doit stager_image profile=local-ring`, as root), and its digest set as the variable."""
     namespace = lab["variables"]["SPARKFORGE_REGISTRY_NAMESPACE"]
     built = run_doit(

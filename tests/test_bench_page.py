@@ -7,37 +7,18 @@ import csv
 import io
 import json
 import os
-import re
-import shutil
-import subprocess
-from html import unescape
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from PIL import Image
 from sim_server import Sim, make_model
+from support.browser import browser, page_text
 
 from pipelines.bench.load import CellSpec, run_repeated
 from pipelines.bench.probes import run_probes
 from pipelines.bench.report import write_results
 from pipelines.bench.run import gate, sweep_body
-
-BROWSER = "chromium-headless-shell"  # Debian's; scripts/install puts it there
-
-
-def browser(*args: str) -> subprocess.CompletedProcess[str]:
-    """The headless browser with a fresh profile (root runs it without the sandbox)."""
-    found = shutil.which(BROWSER)
-    assert found, f"{BROWSER} is not installed: run scripts/install"
-    command = [found, "--headless", "--no-sandbox", "--disable-gpu", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120)
-
-
-def page_text(dom: str) -> str:
-    """What the page says: the DOM's text, tags and style dropped, spaces collapsed."""
-    dom = re.sub(r"<style.*?</style>", " ", dom, flags=re.S)
-    return " ".join(unescape(re.sub(r"<[^>]+>", " ", dom)).split())
 
 
 @pytest.mark.stack  # a browser and a simulator: seconds, not the fast lane

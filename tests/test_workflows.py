@@ -1,7 +1,7 @@
 """The GitHub workflows pass actionlint (with shellcheck) and zizmor, offline; both fail on an
-action that is not pinned by commit SHA; the README names every secret and variable they use;
+action that is not pinned by commit SHA; docs/ci.md names every secret and variable they use;
 deploy stages the Docker-host rings' weights (not one member's), and outlasts its own waits;
-zizmor's auditor persona finds only what the README justifies, only main's build signs, and
+zizmor's auditor persona finds only what docs/ci.md justifies, only main's build signs, and
 deploy and bench refuse any other ref, and any profile not among their choices, in their first
 step."""
 
@@ -115,15 +115,14 @@ def used_names(kind: str) -> set[str]:
     }
 
 
-def test_the_readme_table_names_every_secret_and_variable_the_workflows_use():
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## GitHub Actions") :]
+def test_the_manuals_table_names_every_secret_and_variable_the_workflows_use():
+    section = (REPO / "docs" / "ci.md").read_text()
     section = section[: section.index("\n## ", 1)]
     rows = [r for r in section.splitlines() if r.startswith("| `")]
     listed = {m for r in rows for m in re.findall(r"`([A-Z0-9_]+)`", r.split("|")[1])}
     used = used_names("secrets") | used_names("vars")
-    assert used - listed == set(), "used by a workflow, missing from the README's table"
-    assert listed - used == set(), "in the README's table, used by no workflow"
+    assert used - listed == set(), "used by a workflow, missing from docs/ci.md's table"
+    assert listed - used == set(), "in docs/ci.md's table, used by no workflow"
 
 
 def test_deploy_stages_the_weights_of_exactly_the_docker_host_rings():
@@ -163,8 +162,8 @@ def test_the_deploy_job_outlasts_its_own_waits():
     assert deploy["timeout-minutes"] * 60 > waits.stage_timeout_s + waits.deploy_timeout_s
 
 
-# What zizmor's auditor persona still finds, each justified in the README ("GitHub Actions",
-# "What zizmor's auditor persona reports"): the rings' own runners, and the test job's Debian.
+# What zizmor's auditor persona still finds, each justified in docs/ci.md ("What zizmor's
+# auditor persona reports"): the rings' own runners, and the test job's Debian.
 JUSTIFIED_AUDITOR_FINDINGS = {
     ("self-hosted-runner", "bench.yml"),
     ("self-hosted-runner", "deploy.yml"),
@@ -172,14 +171,14 @@ JUSTIFIED_AUDITOR_FINDINGS = {
 }
 
 
-def test_zizmors_auditor_persona_finds_only_what_the_readme_justifies():
+def test_zizmors_auditor_persona_finds_only_what_the_manual_justifies():
     result = zizmor(REPO / ".github", "--persona=auditor")
     found = set(
         re.findall(r"^\w+\[([\w-]+)\].*\n\s*--> .*/workflows/([\w.]+):", result.stdout, re.M)
     )
     assert found == JUSTIFIED_AUDITOR_FINDINGS, result.stdout
-    readme = (REPO / "README.md").read_text()
-    justified = readme[readme.index("What zizmor's auditor persona reports") :]
+    manual = (REPO / "docs" / "ci.md").read_text()
+    justified = manual[manual.index("What zizmor's auditor persona reports") :]
     for rule, workflow in JUSTIFIED_AUDITOR_FINDINGS:
         (bullet,) = [line for line in justified.splitlines() if line.startswith(f"- `{rule}` (")]
         assert workflow in bullet

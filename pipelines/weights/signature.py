@@ -84,8 +84,7 @@ def key_hint(path: Path) -> str:
             data = f.read(SIGNATURE_MAX_BYTES + 1)
     except FileNotFoundError:
         raise ModelSignatureError(
-            f"model signature {path}: missing; run `doit sign_weights` (README 'Keys and"
-            " provenance')"
+            f"model signature {path}: missing; run `doit sign_weights` (docs/provenance.md)"
         ) from None
     except OSError as err:
         raise ModelSignatureError(f"model signature {path}: cannot read ({err.strerror})") from None

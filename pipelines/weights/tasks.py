@@ -222,8 +222,7 @@ class Weights:
         key = model_signer(self.engine_settings, self._local_keys())
         if key is None:
             raise BadInput(
-                f"sign_weights: no model signing key: set {SIGNING_ENV} (README 'Keys and"
-                " provenance')"
+                f"sign_weights: no model signing key: set {SIGNING_ENV} (docs/provenance.md)"
             )
         lock = self.complete_lock()
         sign_lock(lock, key, self.signature_file)
