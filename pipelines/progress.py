@@ -51,6 +51,11 @@ def say(prefix: str, text: str, stream: TextIO | None = None) -> None:
     print(f"{prefix}: {text}", file=sys.stdout if stream is None else stream, flush=True)
 
 
+def show(text: str, stream: TextIO | None = None) -> None:
+    """Text as it is, flushed: an indented line under a `say`, a table, a JSON report."""
+    print(text, file=sys.stdout if stream is None else stream, flush=True)
+
+
 def transfer_line(
     done: int, total: int, moved: int, took: float, sources: Sequence[tuple[str, int]] = ()
 ) -> str:

@@ -18,6 +18,7 @@ from doit.exceptions import TaskFailed
 from pipelines.errors import PipelineError
 from pipelines.keys import key_material, step_key
 from pipelines.paths import REPO_ROOT
+from pipelines.progress import say
 from pipelines.statcache import StatCache
 from pipelines.store import Store, read_record
 
@@ -183,11 +184,11 @@ class Engine:
         try:
             restored = self.store.restore(key, lambda out: remote.restore(key, out))
         except PipelineError as err:
-            print(f"{step.name}: {remote.name}: refused {key[:16]}: {err}; building it here")
+            say(step.name, f"{remote.name}: refused {key[:16]}: {err}; building it here")
             return False
         if restored:
             took = time.monotonic() - started
-            print(f"{step.name}: restored {key[:16]} from {remote.name} ({took:.2f} s)")
+            say(step.name, f"restored {key[:16]} from {remote.name} ({took:.2f} s)")
         return restored
 
     def output(self, step: Step) -> Path:
@@ -210,7 +211,7 @@ class Engine:
         took = time.monotonic() - started
         where = "" if step.cache is None else f" in {step.cache.name}"
         state = "built" if built else "found"
-        print(f"{step.name}: {state} {key[:16]}{where} ({took:.2f} s)")
+        say(step.name, f"{state} {key[:16]}{where} ({took:.2f} s)")
         if built and step.cache is None:
             self.upload(step, key)
         return out
@@ -228,10 +229,10 @@ class Engine:
             record = read_record(folder / "step.json")
             self.remote.publish(key, folder, record)
         except PipelineError as err:
-            print(f"{step.name}: not uploaded to {self.remote.name}: {err}")
+            say(step.name, f"not uploaded to {self.remote.name}: {err}")
             return
         took = time.monotonic() - started
-        print(f"{step.name}: uploaded {key[:16]} to {self.remote.name} ({took:.2f} s)")
+        say(step.name, f"uploaded {key[:16]} to {self.remote.name} ({took:.2f} s)")
 
     def task(self, step: Step, **extra: Any) -> dict[str, Any]:
         """The doit task dict of a step: staleness decided by its key, never by doit's MD5."""

@@ -18,6 +18,7 @@ import msgspec
 
 from pipelines.errors import BadInput
 from pipelines.files import MiB, flock_held, fsync_dir, fsync_tree, load_json_object, write_atomic
+from pipelines.progress import say
 from pipelines.statcache import StatCache
 
 # Folders the store keeps for itself; stages get their own through `area`.
@@ -139,7 +140,7 @@ class Store:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"{who}: waiting for the other runs using {self.root} to finish", flush=True)
+            say(who, f"waiting for the other runs using {self.root} to finish")
             fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
@@ -221,7 +222,7 @@ def hold_in_use(root: Path) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        print(f"store: waiting for the gc of {root} to finish", file=sys.stderr, flush=True)
+        say("store", f"waiting for the gc of {root} to finish", stream=sys.stderr)
         fcntl.flock(fd, fcntl.LOCK_SH)
     _IN_USE[root] = fd
 

@@ -155,3 +155,25 @@ def test_a_new_import_cycle_is_found_and_named(tmp_path):
     oci.write_text(oci.read_text() + "\nfrom pipelines.images import registry  # noqa\n")
     cycles = import_cycles(folder)
     assert ["pipelines.images.oci", "pipelines.images.registry", "pipelines.images.oci"] in cycles
+
+
+# The modules that print without the one printer (pipelines/progress.py), each for a reason.
+PRINTS_ELSEWHERE = {
+    "pipelines/errors.py": "the error line of every entry point, before anything else may work",
+    "pipelines/weights/patch.py": "also runs alone in a Job, with nothing but the standard library",
+}
+
+
+def test_every_line_a_user_reads_goes_through_the_one_printer():
+    import ast
+
+    printing = set()
+    for path in sorted((REPO / "pipelines").rglob("*.py")):
+        calls = [
+            node
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print"
+        ]
+        if calls:
+            printing.add(path.relative_to(REPO).as_posix())
+    assert printing - {"pipelines/progress.py"} == set(PRINTS_ELSEWHERE)

@@ -54,6 +54,7 @@ def ids(value):
     return getattr(value, "name", value)
 
 
+@pytest.mark.stack  # builds of a Debian base, minutes: not the fast lane
 @pytest.mark.parametrize(("kind", "image", "variation"), VARIED[:3], ids=ids)
 def test_two_clean_builds_of_a_base_under_other_conditions_give_one_digest(
     kind, image, variation, plain, tmp_path

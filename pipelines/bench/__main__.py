@@ -28,6 +28,7 @@ from pipelines.bench.serverview import not_serving
 from pipelines.bench.timing import failure_reasons
 from pipelines.errors import BadInput, run_main
 from pipelines.files import write_atomic
+from pipelines.progress import say, show
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,15 +55,15 @@ def main(argv: list[str] | None = None) -> int:
         from pipelines.bench.history import compare_lines, read_entry
 
         a, b = (read_entry(run) for run in args.runs)
-        print(f"{args.runs[0]} ({a.verdict}) -> {args.runs[1]} ({b.verdict})")
+        show(f"{args.runs[0]} ({a.verdict}) -> {args.runs[1]} ({b.verdict})")
         for line in compare_lines(a, b):
-            print(line)
+            show(line)
         return 0
     url = args.url.rstrip("/")
     if args.command == "probes":
         results = run_probes(url, args.model, args.min_context, args.timeout)
         for probe in results:
-            print(f"{probe.name}: {'ok' if probe.passed else 'FAILED'} ({probe.detail})")
+            say(probe.name, f"{'ok' if probe.passed else 'FAILED'} ({probe.detail})")
         return 0 if all(p.passed for p in results) else 1
     for option in ("concurrency", "requests", "max_tokens", "prompt_tokens"):
         if getattr(args, option) < 1:
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     body = fitted_sweep_body(url, args.model, args.prompt_tokens, args.max_tokens, args.timeout)
     spec = CellSpec(f"c{args.concurrency}", args.concurrency, args.requests, body, args.timeout)
     result = run_cell(url, CellSpec(**{**spec.__dict__, "warmup": args.warmup}))
-    print(cell_line(result))
+    show(cell_line(result))
     data = {**result.summary, "refused": result.refused, **result.as_json()}
     if args.out:
         write_atomic(args.out, (json.dumps(data, indent=1) + "\n").encode())

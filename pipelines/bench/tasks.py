@@ -16,6 +16,7 @@ from pipelines.bench.failures import (
 )
 from pipelines.bench.gate import measured_all, regressed
 from pipelines.errors import BadInput
+from pipelines.progress import show
 from pipelines.stage import Context
 from pipelines.steps import side_task
 
@@ -110,7 +111,7 @@ class Bench:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(results["provenance"]["started"]))
         folder = self.engine.store.area("bench") / self.profile.name / stamp
         data, report = write_results(folder, results)
-        print(decode_table(results))
+        show(decode_table(results))
         say(f"results {data}")
         say(f"page {data.parent / 'report.html'} (and cells.csv, requests.csv)")
         if results["failures"]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pipelines.errors import BadInput, run_main
 from pipelines.namedkeys import keygen
+from pipelines.progress import say, show
 from pipelines.settings import read_settings
 
 
@@ -37,13 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "gc":
         return collect(args.days, args.roots, args.delete)
     public = keygen(args.name, args.file)
-    print(public)
-    print(
+    show(public)
+    show(
         f"secret key: {args.file} (mode 600): its contents are a signing key"
         " (SPARKFORGE_CACHE_SIGNING_KEY, SPARKFORGE_SIGNING_KEY or SPARKFORGE_SIGNING_KEY_FILE);"
         " the line above goes into a trusted list (SPARKFORGE_CACHE_TRUSTED_KEYS,"
         " SPARKFORGE_TRUSTED_KEYS)",
-        file=sys.stderr,
+        stream=sys.stderr,
     )
     return 0
 
@@ -56,9 +57,9 @@ def collect(days: float, roots: list[Path], really: bool) -> int:
     if not url:
         raise BadInput("environment SPARKFORGE_REMOTE_CACHE: not set; expected s3://BUCKET/PREFIX")
     for line in collect_cache(url, days, roots, really, time.time()):
-        print(f"cache gc: {line}")
+        say("cache gc", f"{line}")
     if not really:
-        print("cache gc: dry run, nothing deleted; --delete deletes what it would free")
+        say("cache gc", "dry run, nothing deleted; --delete deletes what it would free")
     return 0
 
 

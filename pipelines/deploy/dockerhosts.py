@@ -18,6 +18,7 @@ from pipelines.deploy.preflight import member_needs
 from pipelines.deploy.pruning import DOCKER_OWNER_LABEL, Stray
 from pipelines.errors import DeployError
 from pipelines.keys import step_key
+from pipelines.progress import say
 from pipelines.targets.dockerengines import (
     DockerEngines,
     MemberHost,
@@ -186,7 +187,7 @@ class DockerHosts(DockerEngines):
                     raise DeployError(f"{what} exited {code}: {tail}")
             except (docker.errors.DockerException, requests.RequestException) as err:
                 raise DeployError(f"{what}: {err}") from None
-            print(f"deploy: {', '.join(done)} on member {member.node}")
+            say("deploy", f"{', '.join(done)} on member {member.node}")
 
     def _apply_member(
         self,

@@ -33,6 +33,7 @@ from pipelines.deploy.plan import Deployment, one_image, read_documents
 from pipelines.deploy.pruning import OWNER_LABEL, Stray, owner_selector
 from pipelines.errors import DeployError
 from pipelines.profiles import Profile, required
+from pipelines.progress import say
 from pipelines.targets.kubeapi import KubeAccess, KubeApi, Resource, delete_strays
 
 LOG_LINES = 5
@@ -266,7 +267,7 @@ class Kubernetes:
             for name, docs in phases(deployment.documents):
                 for doc in docs:
                     self._apply_one(doc, changes)
-                    print(f"deploy: {changes[-1].line(self.dry_run)}")
+                    say("deploy", f"{changes[-1].line(self.dry_run)}")
                 if not self.dry_run:
                     self._wait_phase(name, docs)
         except BaseException as err:
@@ -315,7 +316,7 @@ class Kubernetes:
                 raise DeployError(f"{what}: not done after {limit:g} s ({state})")
             if now - told >= PROGRESS_EVERY_S:
                 told = now
-                print(f"deploy: waiting for {what}: {state} ({now - started:.0f} s of {limit:g})")
+                say("deploy", f"waiting for {what}: {state} ({now - started:.0f} s of {limit:g})")
             time.sleep(self.kube.poll_s)
 
     def _get(self, doc: dict[str, Any]) -> dict[str, Any]:
@@ -420,11 +421,11 @@ class Kubernetes:
         if change.before is None or change.replaced:
             self.api.delete(resource, change.name, change.namespace, dry_run=False)
             if change.before is None:
-                print(f"restore: {what} deleted (it did not exist before)")
+                say("restore", f"{what} deleted (it did not exist before)")
                 return
             self._wait_gone(resource, change.name, change.namespace)
         self.api.apply(resource, with_last_applied(change.before), dry_run=False)
-        print(f"restore: {what} as it was before")
+        say("restore", f"{what} as it was before")
 
     def commit(self, changes: list[Change]) -> None:
         """Nothing to forget: the previous configurations lived only in the changes."""

@@ -15,6 +15,7 @@ from typing import IO
 
 from pipelines.deploy.signals import Terminated
 from pipelines.errors import INTERRUPTED, DeployError
+from pipelines.progress import say
 
 
 class StoppedWaiting(DeployError):
@@ -38,7 +39,7 @@ def in_turn(path: Path, profile: str, action: str, who: str) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             held = holder(path, profile)
-            print(f"{action}: waiting for the {held} ...", flush=True)
+            say(action, f"waiting for the {held} ...")
             try:
                 fcntl.flock(f, fcntl.LOCK_EX)
             except (KeyboardInterrupt, Terminated) as stop:

@@ -15,6 +15,7 @@ import msgspec
 
 from pipelines.errors import BadInput
 from pipelines.files import MiB, describe_json_error, load_json, write_atomic
+from pipelines.progress import say
 
 DEPLOYED = "deployed"
 UNCHANGED = "unchanged"
@@ -98,7 +99,7 @@ class Records:
         """Say once that a record is left out, and why."""
         if path not in self.corrupt:
             self.corrupt[path] = why
-            print(f"deploy records: skipped {why}", file=sys.stderr, flush=True)
+            say("deploy records", f"skipped {why}", stream=sys.stderr)
 
     def refuse_unread_after(self, time_ns: int, action: str) -> None:
         """Refuse, in one line, to act on the history when a record newer than time_ns could

@@ -26,6 +26,7 @@ from pipelines.deploy.records import (
 )
 from pipelines.deploy.signals import restoring, terminate_as_interrupt
 from pipelines.errors import ChangesPending, DeployError, Drift, PipelineError
+from pipelines.progress import say, show
 from pipelines.site import Site
 from pipelines.stage import Context
 from pipelines.steps import Step, side_task
@@ -184,7 +185,7 @@ class Deploy:
             url = self.backend.endpoint(deployment)
             if url:
                 text = smoke(url, served)
-                print(f"deploy: smoke completion answered {text[:40]!r}")
+                say("deploy", f"smoke completion answered {text[:40]!r}")
         except BaseException as err:
             changes = changes or getattr(err, "changes", [])
             reason = str(err) if isinstance(err, PipelineError) else type(err).__name__
@@ -231,7 +232,7 @@ class Deploy:
         self._print_changes("deploy", deployment, earlier)
         if self.settings.kube.dry_run:
             self.backend.apply(deployment)  # every write with dryRun=All, no wait
-            print(f"deploy: server dry run of {deployment.key[:16]}: nothing touched, no record")
+            say("deploy", f"server dry run of {deployment.key[:16]}: nothing touched, no record")
             return
         changes = self._roll_out(deployment, started)
         pruned, not_pruned = self._prune(deployment, earlier)
@@ -257,10 +258,10 @@ class Deploy:
         )
         self._prune_failed("deploy", deployment, not_pruned)
         state = "nothing restarted" if unchanged else "deployed"
-        print(f"deploy: {state} {deployment.key[:16]}; {promoted}")
+        say("deploy", f"{state} {deployment.key[:16]}; {promoted}")
         url = self.backend.endpoint(deployment)
         if url:
-            print(f"deploy: the service answers at {url}/v1")
+            say("deploy", f"the service answers at {url}/v1")
 
     def _dry_run_possible(self) -> None:
         """A dry run is asked for only where the backend has one (the API server's)."""
@@ -302,7 +303,7 @@ class Deploy:
             ) from None
         self._record(deployment, RESTORED, started, stable=restored, replaced=current, **extra)
         self._prune_failed("rollback", deployment, not_pruned)
-        print(f"rollback: {deployment.key[:16]} restored; {restored}")
+        say("rollback", f"{deployment.key[:16]} restored; {restored}")
 
     def _kept(self, record: dict[str, Any]) -> Deployment:
         """The deployment a record kept, checked as its target applies it; CorruptRecord (exit
@@ -340,7 +341,7 @@ class Deploy:
         listed = diffs + [ObjectDiff(stray.what, verb) for stray in strays]
         subject = f"{action}: {deployment.profile} {deployment.key[:16]} would change"
         for line in summary(listed, subject):
-            print(line)
+            show(line)
         return diffs + ([ObjectDiff(s.what, verb) for s in strays] if self.prune else [])
 
     def _prune(
@@ -354,7 +355,7 @@ class Deploy:
         failed = self.backend.prune(strays)
         gone = [s for s in strays if not any(line.startswith(s.what + ":") for line in failed)]
         for stray in gone:
-            print(f"deploy: pruned {stray.what}")
+            say("deploy", f"pruned {stray.what}")
         return gone, failed
 
     def _prune_failed(self, action: str, deployment: Deployment, failed: list[str]) -> None:
@@ -384,7 +385,7 @@ class Deploy:
         try:
             self.backend.wait(previous, served)
         except PipelineError as err:
-            print(f"deploy: the restored deployment does not serve yet: {err}")
+            say("deploy", f"the restored deployment does not serve yet: {err}")
 
     def live_record(self) -> dict[str, Any] | None:
         """The record of the deployment running now, `time_ns` its time (None: none).
@@ -410,22 +411,22 @@ class Deploy:
         """What is deployed, whether it runs, and whether it is what `doit build` makes now."""
         live = self.records.live()
         if not live:
-            print(f"status: nothing deployed for {self.profile.name}")
+            say("status", f"nothing deployed for {self.profile.name}")
             return
         last = live[-1]
         deployment = self._kept(last)
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(last["finished"]))
-        print(f"status: {self.profile.name}: {last['outcome']} {when} by {last['who']}")
-        print(f"  deployment {deployment.key}")
-        print(f"  image {deployment.image}")
-        print(f"  lock sha256 {last['lock_sha256']}, git {last['git']}")
-        print(f"  :stable at {self._stable_now()}")
+        say("status", f"{self.profile.name}: {last['outcome']} {when} by {last['who']}")
+        show(f"  deployment {deployment.key}")
+        show(f"  image {deployment.image}")
+        show(f"  lock sha256 {last['lock_sha256']}, git {last['git']}")
+        show(f"  :stable at {self._stable_now()}")
         for line in self.backend.running(deployment):
-            print(f"  {line}")
-        print(f"  doit build now: {self._build_now(deployment)}")
+            show(f"  {line}")
+        say("  doit build now", f"{self._build_now(deployment)}")
         drift = self.backend.drift(deployment)
         for line in summary(drift, "drift since deployed"):
-            print(f"  {line}")
+            show(f"  {line}")
         if drift:
             raise Drift(
                 f"status {self.profile.name}: {len(drift)} member(s)/object(s) changed since"
@@ -473,7 +474,7 @@ class Deploy:
             members, image, plan, staging.roots(), staging.model_folder(), env
         )
         took = time.monotonic() - started
-        print(f"stage_ring: {len(members)} members staged and verified in {took:.1f} s")
+        say("stage_ring", f"{len(members)} members staged and verified in {took:.1f} s")
 
     def _backend_built(self, work: Callable[[], None]) -> Callable[[], None]:
         """work, with the profile's backend made first (every target has one) and closed after;

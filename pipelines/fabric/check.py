@@ -11,6 +11,7 @@ from pipelines.errors import BadInput, run_main
 from pipelines.fabric.expect import expectations_for, failures, parse_expectation
 from pipelines.fabric.nccllog import NcclLog, add_log
 from pipelines.profiles import load_profile
+from pipelines.progress import say
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,11 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     largest = log.largest
     measured = f"{largest.busbw:.2f} GB/s at {largest.size} bytes" if largest else "no busbw"
     transports = ", ".join(sorted(log.transports)) or "no channels"
-    print(f"fabric: {transports}; {measured}")
+    say("fabric", f"{transports}; {measured}")
     lines = failures(log, expect)
     for line in lines:
-        print(f"fabric: {line}")
-    print(f"fabric: {'failed' if lines else 'passed'} ({expect.transport})")
+        say("fabric", f"{line}")
+    say("fabric", f"{'failed' if lines else 'passed'} ({expect.transport})")
     return 1 if lines else 0
 
 

@@ -13,6 +13,7 @@ from pipelines.fabric.records import FAILED, PASSED, fabric_refusal, write_resul
 from pipelines.fabric.settings import FabricSettings
 from pipelines.files import MiB
 from pipelines.profiles import Profile
+from pipelines.progress import say
 from pipelines.schema import load_yaml_documents
 from pipelines.stage import Context
 from pipelines.steps import Step, side_task
@@ -161,12 +162,12 @@ class Fabric:
         largest = log.largest
         measured = f"{largest.busbw:.2f} GB/s at {largest.size} bytes" if largest else "no busbw"
         transports = ", ".join(f"{k} x{v}" for k, v in measured_now["transports"].items())
-        print(f"fabric: {self.profile.name}: {transports or 'no channels'}; {measured}")
-        print(f"fabric: result {path}")
+        say("fabric", f"{self.profile.name}: {transports or 'no channels'}; {measured}")
+        say("fabric", f"result {path}")
         if lines or not_pruned:
             pruning = [f"pruning failed: {line}" for line in not_pruned]
             raise FabricError("\n".join(f"fabric: {line}" for line in lines + pruning))
-        print(f"fabric: {self.profile.name}: passed ({expect.transport})")
+        say("fabric", f"{self.profile.name}: passed ({expect.transport})")
         return path
 
     def prune(
@@ -182,12 +183,12 @@ class Fabric:
             return [], [f"listing what to prune: {err}"]
         if not self.settings.prune:
             for stray in strays:
-                print(f"fabric: kept (prune=no) {stray.what}")
+                say("fabric", f"kept (prune=no) {stray.what}")
             return [], []
         failed = launcher.prune(strays)
         gone = [s for s in strays if not any(line.startswith(s.what + ":") for line in failed)]
         for stray in gone:
-            print(f"fabric: pruned {stray.what}")
+            say("fabric", f"pruned {stray.what}")
         return gone, failed
 
     def create_doit_tasks(self) -> Iterator[dict[str, Any]] | None:

@@ -14,6 +14,7 @@ import msgspec
 
 from pipelines.errors import BadInput
 from pipelines.files import MiB, load_json_object, write_atomic
+from pipelines.progress import say
 
 # A build names a handful of steps and images; a file past this is not one gc wrote.
 BUILD_MAX_BYTES = 1 * MiB
@@ -66,7 +67,7 @@ def profile_builds(folder: Path, keep: int) -> list[dict[str, Any]]:
         try:
             kept.append(read_build(path))
         except CorruptBuild as err:
-            print(f"gc: build log skipped: {err}", file=sys.stderr)
+            say("gc", f"build log skipped: {err}", stream=sys.stderr)
     return kept
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pipelines.files import fsync_dir
 from pipelines.gcplan import Verdict
+from pipelines.progress import say
 from pipelines.store import Store
 from pipelines.weights.blobs import BlobStore
 from pipelines.weights.stage import staging, staging_lock
@@ -44,7 +45,7 @@ def remove_model_folder(folder: Path) -> None:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"gc: kept weights/models/{folder.name}: a stager took it since the plan")
+            say("gc", f"kept weights/models/{folder.name}: a stager took it since the plan")
             return
         if folder.is_dir():
             # Hidden, as a stager's temp names: readers never find it half deleted.
@@ -59,7 +60,7 @@ def remove_partial(blobs: BlobStore, sha256: str) -> None:
     (it resumed since the plan: kept, said in one line)."""
     writer = blobs.try_writer(sha256)
     if writer is None:
-        print(f"gc: kept weights/partial/{sha256[:16]}: a fetch took it since the plan")
+        say("gc", f"kept weights/partial/{sha256[:16]}: a fetch took it since the plan")
         return
     with writer:
         blobs.partial_file(sha256).unlink(missing_ok=True)

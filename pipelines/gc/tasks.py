@@ -27,6 +27,7 @@ from pipelines.gc.tags import (
 from pipelines.gcplan import Item, Roots, gc_plan, kept_step_keys, report
 from pipelines.images.registry import Registry
 from pipelines.paths import PROFILES_DIR
+from pipelines.progress import say, show
 from pipelines.stage import Context
 from pipelines.steps import GRAPH, as_doit_action
 
@@ -95,7 +96,7 @@ class Gc:
         try:
             images = [self.image.ref()] if self.image.wanted else []
         except PipelineError as err:
-            print(f"build: the image is not in the build log ({err})")
+            say("build", f"the image is not in the build log ({err})")
             images = []
         return steps, images
 
@@ -112,9 +113,9 @@ class Gc:
             tags, reach, repository = self.tags(roots)
             verdicts = gc_plan(items + tags, Roots({**roots.reach, **reach}, roots.unknown))
             for line in report(verdicts, delete):
-                print(f"gc: {line}")
+                say("gc", f"{line}")
             written = write_roots(store.area("gc"), kept_step_keys(verdicts, roots))
-            print(
+            show(
                 f"gc: the step keys its roots reach: {written}"
                 " (for `python -m pipelines.cache gc --roots`)"
             )
@@ -123,7 +124,7 @@ class Gc:
                 if repository:
                     delete_tags(self.registry, repository, verdicts)
             else:
-                print("gc: dry run, nothing deleted; `doit gc --delete` deletes what it would free")
+                say("gc", "dry run, nothing deleted; `doit gc --delete` deletes what it would free")
 
     def tags(self, roots: Roots) -> tuple[list[Item], dict[str, str], str | None]:
         """(tag items, their roots, the repository) of the profile's image repository; none,
@@ -133,7 +134,7 @@ class Gc:
             tagged = tagged_digests(self.registry, repository)
             where = f"{self.registry.host}/{repository}"
         except PipelineError as err:
-            print(f"gc: registry tags not collected ({err})")
+            say("gc", f"registry tags not collected ({err})")
             return [], {}, None
         ledger = self.store.area("gc") / "tags-seen.json"
         now = time.time()

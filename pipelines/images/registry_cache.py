@@ -11,6 +11,7 @@ from typing import Any
 from pipelines.images.attestations import attach, attestation_tag
 from pipelines.images.oci import load_image_index
 from pipelines.images.registry import Registry
+from pipelines.progress import say
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,6 @@ class RegistryCache:
         if self.attest is not None:
             envelope = self.attest(where, key, record)
             attach(self.registry, self.repository, digest, envelope, work)
-            print(f"{record['name']}: attested {digest[:19]} (in-toto SLSA v1, DSSE)")
+            say(record["name"], f"attested {digest[:19]} (in-toto SLSA v1, DSSE)")
         self.registry.push_manifest(self.repository, self.key_tag(key), image.manifest)
-        print(f"{record['name']}: {where}")
+        say(record["name"], f"{where}")

@@ -26,7 +26,7 @@ from pipelines.images.spec import (
     LocalBase,
     load_image,
 )
-from pipelines.progress import say
+from pipelines.progress import say, show
 from pipelines.stage import Context
 from pipelines.steps import Step, StepRun, side_task
 
@@ -378,7 +378,7 @@ class Images:
     def print_plan(self) -> None:
         """Print what building the image means: key, base, args, the exact invocation."""
         plan = self.plan()
-        print(
+        show(
             json.dumps(
                 {
                     "image": plan.name,

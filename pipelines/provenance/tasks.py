@@ -10,6 +10,7 @@ from functools import cached_property
 from typing import Any
 
 from pipelines.namedkeys import PublicKey
+from pipelines.progress import show
 from pipelines.provenance.checks import ImageCheck, check_image
 from pipelines.provenance.keyring import deploy_trusted
 from pipelines.stage import Context
@@ -103,7 +104,7 @@ class Provenance:
 
     def show(self) -> None:
         """Print the report (JSON: a user reads it, a script parses it)."""
-        print(json.dumps(self.report(), indent=2))
+        show(json.dumps(self.report(), indent=2))
 
     def create_doit_tasks(self) -> Iterator[dict[str, Any]]:
         """The one `provenance` task."""

@@ -21,6 +21,7 @@ import yaml
 
 from pipelines.errors import BadInput, run_main
 from pipelines.paths import LLMKUBE_SCHEMAS_DIR
+from pipelines.progress import say, show
 from pipelines.render.crd_schema import check_crd_schema
 from pipelines.render.documents import Document
 from pipelines.render.operator_rules import check_operator_rules
@@ -267,13 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         findings, problems = check(args.operator, args.schemas)
         for line in findings:
-            print(line)
+            show(line)
         for line in problems:
-            print(f"error: {line}", file=sys.stderr)
+            say("error", f"{line}", stream=sys.stderr)
         return 1 if problems else 0
     record = derive(args.repo, args.commit, args.out)
     for f in record["files"]:
-        print(f"{args.out / f['derived']}: {f['path']} @ {record['commit'][:8]} ({f['sha256']})")
+        say(args.out / f["derived"], f"{f['path']} @ {record['commit'][:8]} ({f['sha256']})")
     return 0
 
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines.paths import MANIFESTS_DIR, PROFILES_MODULE, RENDER_DIR
 from pipelines.profiles import Profile
+from pipelines.progress import say, show
 from pipelines.render.documents import Document, RenderInputs, write_documents
 from pipelines.schema import as_data
 from pipelines.stage import Context
@@ -71,7 +72,7 @@ class Render:
             lock = model.read_lock()
             plan = model.ring_plan_json() if run.params["stager_image"] else ""
             if not plan and self.target.stages_in_render and len(profile.members) > 1:
-                print(
+                show(
                     f"render: no ring staging Jobs until {model.lock_file.name} is complete"
                     " (`doit lock_weights`); the Model stages each member from S3"
                 )
@@ -85,9 +86,9 @@ class Render:
             )
             docs = load_renderer(renderer)(profile, inputs, secrets)
             write_documents(docs, run.out)
-            print(f"render: {len(docs)} documents for {profile.name}:")
+            say("render", f"{len(docs)} documents for {profile.name}:")
             for doc in docs:
-                print(f"  {doc.file}")
+                show(f"  {doc.file}")
 
         return Step(
             name="render",

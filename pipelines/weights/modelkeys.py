@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from pipelines.errors import BadInput, run_main
 from pipelines.namedkeys import NAME, KeyKind, split_named, trusted_by_name, write_secret
+from pipelines.progress import show
 
 if TYPE_CHECKING:
     from pipelines.settings import Settings
@@ -171,11 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     key = generate_model_key(args.name)
     write_secret(args.file, key)
-    print(key.public.text)
-    print(
+    show(key.public.text)
+    show(
         f"secret key: {args.file} (mode 600): its contents are a model signing key"
         f" ({SIGNING_ENV} or {FILE_ENV}); the line above goes into {TRUSTED_ENV}",
-        file=sys.stderr,
+        stream=sys.stderr,
     )
     return 0
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines.errors import BadInput, PipelineError
 from pipelines.paths import PATCH_SOURCE
+from pipelines.progress import say, show
 from pipelines.stage import Context
 from pipelines.steps import Step, StepRun, side_task
 from pipelines.weights.blobs import BlobStore
@@ -179,7 +180,7 @@ class Weights:
         source = self.profile.model.source
         with s3_errors(source):
             sent = upload_synthetic(self.client, source, SyntheticShape())
-        print(f"synthetic_model: uploaded {sent / (1 << 20):.1f} MiB to {source}")
+        say("synthetic_model", f"uploaded {sent / (1 << 20):.1f} MiB to {source}")
 
     # --- hashing the bucket into the lock file ---------------------------------------------
 
@@ -193,7 +194,7 @@ class Weights:
         with s3_errors(source):
             lock = hash_bucket(self.client, self.profile.model.lock, source, previous)
         write_lock(lock, self.lock_file)
-        print(f"lock_weights: wrote {self.lock_file} ({len(lock.files)} files, {lock.size:,} B)")
+        say("lock_weights", f"wrote {self.lock_file} ({len(lock.files)} files, {lock.size:,} B)")
         from pipelines.weights.modelkeys import model_signer
 
         if model_signer(self.engine_settings, self._local_keys()) is not None:
@@ -226,7 +227,7 @@ class Weights:
             )
         lock = self.complete_lock()
         sign_lock(lock, key, self.signature_file)
-        print(f"sign_weights: {self.signature_file} ({len(lock.files)} files, key {key.name})")
+        say("sign_weights", f"{self.signature_file} ({len(lock.files)} files, key {key.name})")
 
     def signed(self) -> bool:
         """True when the signature verifies and signs the lock as it is."""
@@ -274,7 +275,7 @@ class Weights:
         lock = self.complete_lock()
         with s3_errors(lock.source):
             report = fetch_lock(self.client, lock, self.blobs, self.settings.fetch)
-        print(
+        show(
             f"fetch_weights: {len(report.fetched)} fetched, {len(report.reused)} already stored,"
             f" {report.downloaded:,} B downloaded, {report.read_back:,} B read back to resume"
         )
@@ -335,7 +336,7 @@ class Weights:
         self.restore_patched_blob()
         plan = stage_plan(self.complete_lock(), self.overrides())
         linked = stage(self.folder, plan, self.blobs, self.lock_sha256())
-        print(f"stage_weights: {self.folder} ({len(linked)} names linked)")
+        say("stage_weights", f"{self.folder} ({len(linked)} names linked)")
 
     # --- verify ----------------------------------------------------------------------------
 
@@ -364,7 +365,7 @@ class Weights:
             raise PipelineError(
                 f"verify_weights: {self.folder} differs from the lock; run `doit stage_weights`"
             )
-        print(f"verify_weights: {len(lock.files)} files re-hashed, all match {self.lock_file.name}")
+        say("verify_weights", f"{len(lock.files)} files re-hashed, all match {self.lock_file.name}")
 
     # --- ring staging ----------------------------------------------------------------------
 
@@ -392,10 +393,10 @@ class Weights:
         from pipelines.weights.ringplan import describe_plan, plan_json
 
         plan = self.ring_plan()
-        print(describe_plan(plan))
+        show(describe_plan(plan))
         path = self.engine.store.root / "ring" / f"{self.profile.name}.plan.json"
         write_atomic(path, plan_json(plan).encode())
-        print(
+        show(
             f"plan_weights: wrote {path}; each member N runs `python -m pipelines.weights.ring"
             f" --plan {path.name} --rank N --root {self.outputs.node_weights_root}`"
         )
