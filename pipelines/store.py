@@ -34,7 +34,7 @@ IN_USE = "in-use.lock"
 _IN_USE: dict[Path, int] = {}
 
 
-class CorruptRecord(BadInput):
+class CorruptStepRecord(BadInput):
     """A step record that cannot be read: truncated, not JSON, or without a field explain uses."""
 
 
@@ -127,7 +127,7 @@ class Store:
         for path in folder.glob("*.json") if folder.is_dir() else ():
             try:
                 records.append(read_record(path))
-            except CorruptRecord as err:
+            except CorruptStepRecord as err:
                 corrupt.append(str(err))
         return sorted(records, key=lambda r: r["finished"], reverse=True), sorted(corrupt)
 
@@ -228,5 +228,5 @@ def hold_in_use(root: Path) -> None:
 
 
 def read_record(path: Path) -> dict[str, Any]:
-    """One step record, or CorruptRecord with one line naming the file (and field)."""
-    return load_json_object(path, RECORD_MAX_BYTES, CorruptRecord, RecordFields)
+    """One step record, or CorruptStepRecord with one line naming the file (and field)."""
+    return load_json_object(path, RECORD_MAX_BYTES, CorruptStepRecord, RecordFields)

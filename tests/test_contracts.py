@@ -177,3 +177,25 @@ def test_every_line_a_user_reads_goes_through_the_one_printer():
         if calls:
             printing.add(path.relative_to(REPO).as_posix())
     assert printing - {"pipelines/progress.py"} == set(PRINTS_ELSEWHERE)
+
+
+def test_every_exception_class_has_a_name_of_its_own():
+    import ast
+    from collections import defaultdict
+
+    import pipelines.errors
+
+    bases = {name for name in vars(pipelines.errors) if name[:1].isupper()}
+    where = defaultdict(list)
+    for path in sorted((REPO / "pipelines").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            # An exception: a class that derives from one (by the name it is imported under).
+            named = (
+                {getattr(b, "id", getattr(b, "attr", "")) for b in node.bases}
+                if isinstance(node, ast.ClassDef)
+                else set()
+            )
+            if named & bases or any(n.endswith(("Error", "Exception")) for n in named):
+                where[node.name].append(path.relative_to(REPO).as_posix())
+    reused = {name: paths for name, paths in where.items() if len(paths) > 1}
+    assert reused == {}, f"exception names defined more than once: {reused}"

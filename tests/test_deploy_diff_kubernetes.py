@@ -19,9 +19,9 @@ from test_deploy_kubernetes import (
 )
 
 from pipelines.deploy.fielddiff import field_changes
-from pipelines.deploy.pruning import OWNER_LABEL, PruneSettingError, prune_wanted
-from pipelines.deploy.records import CorruptRecord
+from pipelines.deploy.records import CorruptDeploymentRecord
 from pipelines.errors import ChangesPending, Drift, Unreachable
+from pipelines.targets.pruning import OWNER_LABEL, PruneSettingError, prune_wanted
 
 # The Kubernetes deploy tests' world: the double, its kubeconfig, the module's render store.
 renders = kube.renders
@@ -217,7 +217,7 @@ def test_a_rollback_of_a_record_whose_kept_document_has_no_kind_is_one_line_and_
     del record["deployment"]["documents"][3]["kind"]
     path.write_text(json.dumps(record))
     writes = len(world.double.writes())
-    with pytest.raises(CorruptRecord) as err:
+    with pytest.raises(CorruptDeploymentRecord) as err:
         try:
             stage.rollback()
         finally:

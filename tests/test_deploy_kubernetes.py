@@ -18,7 +18,6 @@ from support import stages
 from pipelines.deploy import Deploy, DeploySettings
 from pipelines.deploy.kubeobjects import LAST_APPLIED, compact, owned
 from pipelines.deploy.plan import Deployment
-from pipelines.deploy.pruning import OWNER_LABEL
 from pipelines.deploy.records import Records
 from pipelines.errors import DeployError, PipelineError
 from pipelines.profiles import load_profile
@@ -27,6 +26,7 @@ from pipelines.site import Site
 from pipelines.steps import Engine
 from pipelines.store import Store
 from pipelines.targets.kubeapi import KubeAccess
+from pipelines.targets.pruning import OWNER_LABEL
 from pipelines.weights import Weights
 
 REPO = Path(__file__).resolve().parent.parent

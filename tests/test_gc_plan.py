@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.deploy.records import CorruptRecord
+from pipelines.deploy.records import CorruptDeploymentRecord
 from pipelines.errors import BadInput
 from pipelines.gc.builds import last_builds, log_build
 from pipelines.gc.inventory import measured_deployment, store_items
@@ -122,7 +122,9 @@ def test_an_unreadable_deployment_record_newer_than_the_live_one_refuses_gc(tmp_
     (folder / "100.json").write_text(json.dumps(good))
     (folder / "200.json").write_text('{"outcome": "depl')
 
-    with pytest.raises(CorruptRecord, match=r"gc refused: .*200\.json.*what is live is not known"):
+    with pytest.raises(
+        CorruptDeploymentRecord, match=r"gc refused: .*200\.json.*what is live is not known"
+    ):
         gather_roots(store, tmp_path / "weights", 3, [], no_registry)
 
 

@@ -18,7 +18,7 @@ import pytest
 from support.doit import run_doit
 
 from pipelines.cache import remote_cache
-from pipelines.cache.entries import MAX_INDEX_BYTES, Refused, check_entry, parse_index
+from pipelines.cache.entries import MAX_INDEX_BYTES, EntryRefused, check_entry, parse_index
 from pipelines.cache.signing import cache_signing_key, sign
 from pipelines.errors import PipelineError
 from pipelines.keys import canonical_json
@@ -191,7 +191,7 @@ def entry_file(path: str) -> dict:
     ids=["nested too deep", "oversized"],
 )
 def test_an_unreadable_index_is_one_refusal_never_a_crash(data, reason):
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(EntryRefused) as refused:
         check_entry(data, KEY, {})
     assert str(refused.value).startswith(reason)
 
@@ -211,7 +211,7 @@ def test_an_unreadable_index_is_one_refusal_never_a_crash(data, reason):
 def test_a_signed_index_of_a_bad_shape_is_refused(files, dirs, key, reason):
     # Signed by a trusted key or not, the index itself must be safe to restore (a signer's
     # mistake, or a valid entry copied under another step's key).
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(EntryRefused) as refused:
         parse_index(index_of([entry_file(f) for f in files], dirs, key), KEY, "signer")
     assert str(refused.value) == reason
 
@@ -386,7 +386,7 @@ def test_settings_are_refused_in_one_line(keys):
 
 
 def test_a_restore_killed_or_refused_midway_leaves_no_output(tmp_path):
-    from pipelines.cache.entries import Refused
+    from pipelines.cache.entries import EntryRefused
     from pipelines.store import Store
 
     key = "ab" * 32
@@ -400,10 +400,10 @@ def test_a_restore_killed_or_refused_midway_leaves_no_output(tmp_path):
         return fill
 
     def refuse():
-        raise Refused("object missing (a partial entry)")
+        raise EntryRefused("object missing (a partial entry)")
 
     store = Store(tmp_path / "store")
-    with pytest.raises(Refused):
+    with pytest.raises(EntryRefused):
         store.restore(key, half_then(refuse))
     assert not store.has(key) and list((store.root / "tmp").iterdir()) == []
     # A restorer killed after writing half: no output, and the next one cleans up after it.

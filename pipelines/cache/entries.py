@@ -27,7 +27,7 @@ HEX64 = re.compile(r"[0-9a-f]{64}")
 MAX_INDEX_BYTES = 4 << 20
 
 
-class Refused(PipelineError):
+class EntryRefused(PipelineError):
     """A remote entry that must not be used: the reason, in a few words."""
 
 
@@ -89,24 +89,28 @@ class Entry:
 
 
 def check_entry(data: bytes, key: str, trusted: dict[str, PublicKey]) -> Entry:
-    """The entry of key from its bytes, or Refused: unreadable, untrusted, forged, malformed."""
+    """The entry of key from its bytes, or EntryRefused: unreadable, untrusted, forged, altered."""
     if len(data) > MAX_INDEX_BYTES:
-        raise Refused(f"index of {len(data)} bytes or more, over the {MAX_INDEX_BYTES} allowed")
+        raise EntryRefused(
+            f"index of {len(data)} bytes or more, over the {MAX_INDEX_BYTES} allowed"
+        )
     try:
         envelope = json.loads(data)
         index, signer, signature = envelope["index"], envelope["signer"], envelope["signature"]
     except (ValueError, TypeError, KeyError, RecursionError):  # RecursionError: nested too deep
-        raise Refused(f"index unreadable ({len(data)} bytes; truncated or not an entry)") from None
+        raise EntryRefused(
+            f"index unreadable ({len(data)} bytes; truncated or not an entry)"
+        ) from None
     if not isinstance(signer, str) or not isinstance(signature, str):
-        raise Refused("index has no signer or signature")
+        raise EntryRefused("index has no signer or signature")
     if signer not in trusted:
-        raise Refused(f"signed by {signer}, a key not trusted here")
+        raise EntryRefused(f"signed by {signer}, a key not trusted here")
     try:
         message = canonical_json(index)
     except (TypeError, ValueError):
-        raise Refused("index is not canonical JSON") from None
+        raise EntryRefused("index is not canonical JSON") from None
     if not verifies(trusted[signer], message, signature):
-        raise Refused(f"signature does not verify against {signer} (forged or altered)")
+        raise EntryRefused(f"signature does not verify against {signer} (forged or altered)")
     return parse_index(index, key, signer)
 
 
@@ -114,36 +118,36 @@ def parse_index(index: Any, key: str, signer: str) -> Entry:
     """The fields of a signed index, each checked (a trusted signer's mistakes are refused too)."""
     try:
         if index["format"] != FORMAT:
-            raise Refused(f"index format {index['format']!r}, expected {FORMAT}")
+            raise EntryRefused(f"index format {index['format']!r}, expected {FORMAT}")
         if index["key"] != key or index["record"].get("key") != key:
-            raise Refused("index is for another key")
+            raise EntryRefused("index is for another key")
         files = [
             EntryFile(safe_path(f["path"]), f["size"], f["sha256"], f["mode"])
             for f in index["files"]
         ]
         dirs = [safe_path(d) for d in index["dirs"]]
     except (KeyError, TypeError, AttributeError):
-        raise Refused("index lacks a field") from None
+        raise EntryRefused("index lacks a field") from None
     for f in files:
         if not (isinstance(f.size, int) and f.size >= 0 and HEX64.fullmatch(str(f.sha256))):
-            raise Refused(f"index: bad size or sha256 for {f.path}")
+            raise EntryRefused(f"index: bad size or sha256 for {f.path}")
         if not isinstance(f.mode, int) or f.mode & ~0o777:
-            raise Refused(f"index: bad mode for {f.path}")
+            raise EntryRefused(f"index: bad mode for {f.path}")
     if len({f.path for f in files} | set(dirs)) != len(files) + len(dirs):
-        raise Refused("index names a path twice")
+        raise EntryRefused("index names a path twice")
     file_paths = {f.path for f in files}
     for path in [*file_paths, *dirs]:
         inside = next((str(p) for p in PurePosixPath(path).parents if str(p) in file_paths), None)
         if inside is not None:
-            raise Refused(f"index: path {path!r} is inside {inside!r}, which is a file")
+            raise EntryRefused(f"index: path {path!r} is inside {inside!r}, which is a file")
     return Entry(dict(index["record"]), files, dirs, signer)
 
 
 def safe_path(path: Any) -> str:
-    """A relative path inside the output folder, or Refused."""
+    """A relative path inside the output folder, or EntryRefused."""
     if not isinstance(path, str) or not path or "\\" in path or "\0" in path:
-        raise Refused(f"index: bad path {path!r}")
+        raise EntryRefused(f"index: bad path {path!r}")
     pure = PurePosixPath(path)
     if pure.is_absolute() or any(p in ("", ".", "..") for p in path.split("/")):
-        raise Refused(f"index: path {path!r} leaves the output folder")
+        raise EntryRefused(f"index: path {path!r} leaves the output folder")
     return pure.as_posix()

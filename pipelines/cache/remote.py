@@ -22,7 +22,7 @@ from pipelines import errors
 from pipelines.cache.entries import (
     MAX_INDEX_BYTES,
     EntryFile,
-    Refused,
+    EntryRefused,
     check_entry,
     make_entry,
     output_files,
@@ -50,7 +50,7 @@ def parse_url(url: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
-class Unreachable(errors.Unreachable):
+class CacheUnreachable(errors.Unreachable):
     """The cache cannot be reached at all (no endpoint, no credentials): not asked again."""
 
 
@@ -63,7 +63,7 @@ def s3_errors(what: str) -> Iterator[None]:
         yield
     except botocore.exceptions.EndpointConnectionError as err:
         endpoint = err.kwargs.get("endpoint_url")
-        raise Unreachable(f"{what}: S3 endpoint unreachable ({endpoint})") from None
+        raise CacheUnreachable(f"{what}: S3 endpoint unreachable ({endpoint})") from None
     except botocore.exceptions.ClientError as err:
         code = err.response.get("Error", {}).get("Code", "?")
         raise PipelineError(f"{what}: S3 said {code}") from None
@@ -92,7 +92,7 @@ class RemoteCache:
     def __post_init__(self) -> None:
         self.bucket, self.prefix = parse_url(self.url)
         self.name = f"remote cache {self.url}"
-        self.down: Unreachable | None = None  # once unreachable, no step asks again
+        self.down: CacheUnreachable | None = None  # once unreachable, no step asks again
 
     @property
     def writable(self) -> bool:
@@ -109,7 +109,7 @@ class RemoteCache:
         options = dict(CLIENT_CONFIG)
         if session.get_credentials() is None:
             if self.writable:
-                raise Unreachable(
+                raise CacheUnreachable(
                     "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY,"
                     " or AWS_PROFILE"
                 )
@@ -142,7 +142,7 @@ class RemoteCache:
     def restore(self, key: str, out: Path) -> dict[str, Any] | None:
         """Fill the empty folder out with key's verified output; its record, or None when absent.
 
-        Raises Refused (one line) for an entry that must not be used.
+        Raises EntryRefused (one line) for an entry that must not be used.
         """
         import botocore.exceptions
 
@@ -155,13 +155,15 @@ class RemoteCache:
                     got = client.get_object(Bucket=self.bucket, Key=self.entry_key(key))
                     size = got.get("ContentLength", 0)
                     if size > MAX_INDEX_BYTES:  # refused unread
-                        raise Refused(f"index of {size} bytes, over the {MAX_INDEX_BYTES} allowed")
+                        raise EntryRefused(
+                            f"index of {size} bytes, over the {MAX_INDEX_BYTES} allowed"
+                        )
                     data = got["Body"].read(MAX_INDEX_BYTES + 1)  # whatever the header said
                 except botocore.exceptions.ClientError as err:
                     if missing(err):
                         return None
                     raise
-        except Unreachable as err:
+        except CacheUnreachable as err:
             self.down = err
             raise
         with s3_errors("S3 read"):
@@ -172,11 +174,11 @@ class RemoteCache:
                 with ThreadPoolExecutor(WORKERS) as pool:
                     list(pool.map(lambda f: self.download(f, out), entry.files))
             except OSError as err:  # a shape the checks above missed: built here all the same
-                raise Refused(f"restoring it: {type(err).__name__}: {err}") from None
+                raise EntryRefused(f"restoring it: {type(err).__name__}: {err}") from None
         return entry.record
 
     def download(self, f: EntryFile, out: Path) -> None:
-        """One file of an entry, hashed as it arrives; Refused unless size and sha256 match."""
+        """One file of an entry, hashed as it arrives; EntryRefused unless size and sha256 match."""
         import botocore.exceptions
 
         target = out / f.path
@@ -186,7 +188,7 @@ class RemoteCache:
             body = self.client.get_object(Bucket=self.bucket, Key=self.object_key(f.sha256))["Body"]
         except botocore.exceptions.ClientError as err:
             if missing(err):
-                raise Refused(f"{what} missing (a partial entry)") from None
+                raise EntryRefused(f"{what} missing (a partial entry)") from None
             raise
         digest = hashlib.sha256()
         size = 0
@@ -198,11 +200,11 @@ class RemoteCache:
                 digest.update(chunk)
                 dest.write(chunk)
         if size != f.size:
-            raise Refused(
+            raise EntryRefused(
                 f"{what} has {size} bytes or more, expected {f.size} (truncated or grown)"
             )
         if digest.hexdigest() != f.sha256:
-            raise Refused(f"{what} has sha256 {digest.hexdigest()[:16]} (corrupted)")
+            raise EntryRefused(f"{what} has sha256 {digest.hexdigest()[:16]} (corrupted)")
         target.chmod(f.mode)
 
     def publish(self, key: str, work: Path, record: dict[str, Any]) -> None:
@@ -217,7 +219,7 @@ class RemoteCache:
                 list(pool.map(lambda f: self.upload(f, work / "out" / f.path), files))
                 entry = make_entry(key, record, files, dirs, self.signer)
                 self.client.put_object(Bucket=self.bucket, Key=self.entry_key(key), Body=entry)
-        except Unreachable as err:
+        except CacheUnreachable as err:
             self.down = err
             raise
 

@@ -10,10 +10,10 @@ from pipelines.deploy.dockerhosts import DockerHosts
 from pipelines.deploy.fielddiff import ObjectDiff
 from pipelines.deploy.kubernetes import Kubernetes
 from pipelines.deploy.plan import Deployment
-from pipelines.deploy.pruning import Stray
 from pipelines.profiles import Profile
 from pipelines.targets import load, target_of
 from pipelines.targets.kubeapi import KubeAccess
+from pipelines.targets.pruning import Stray
 
 
 class Backend(Protocol):

@@ -15,7 +15,6 @@ from pipelines.deploy.fielddiff import ObjectDiff, field_changes, shown, shown_t
 from pipelines.deploy.health import wait_until_serving
 from pipelines.deploy.plan import Deployment, one_image, read_documents
 from pipelines.deploy.preflight import member_needs
-from pipelines.deploy.pruning import DOCKER_OWNER_LABEL, Stray
 from pipelines.errors import DeployError
 from pipelines.keys import step_key
 from pipelines.progress import say
@@ -26,6 +25,7 @@ from pipelines.targets.dockerengines import (
     labelled_containers,
     remove_strays,
 )
+from pipelines.targets.pruning import DOCKER_OWNER_LABEL, Stray
 
 if TYPE_CHECKING:
     from docker import DockerClient

@@ -30,11 +30,11 @@ from pipelines.deploy.kubeobjects import (
     with_last_applied,
 )
 from pipelines.deploy.plan import Deployment, one_image, read_documents
-from pipelines.deploy.pruning import OWNER_LABEL, Stray, owner_selector
 from pipelines.errors import DeployError
 from pipelines.profiles import Profile, required
 from pipelines.progress import say
 from pipelines.targets.kubeapi import KubeAccess, KubeApi, Resource, delete_strays
+from pipelines.targets.pruning import OWNER_LABEL, Stray, owner_selector
 
 LOG_LINES = 5
 

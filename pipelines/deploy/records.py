@@ -29,7 +29,7 @@ LIVE = (DEPLOYED, UNCHANGED, RESTORED)
 RECORD_MAX_BYTES = 16 * MiB
 
 
-class CorruptRecord(BadInput):
+class CorruptDeploymentRecord(BadInput):
     """A record that cannot be read: truncated, not JSON, or without a field a reader uses."""
 
 
@@ -89,7 +89,7 @@ class Records:
         for path in sorted(self.folder.glob("*.json"), key=record_order):
             try:
                 record = read_record(path)
-            except CorruptRecord as err:
+            except CorruptDeploymentRecord as err:
                 self.skip(path, str(err))
                 continue
             records.append({**record, "file": path.name, "time_ns": int(path.stem)})
@@ -106,7 +106,7 @@ class Records:
         not be read: it may be the live deployment's, so what is live is not known."""
         newer = [p for p in self.corrupt if p.stem.isdigit() and int(p.stem) > time_ns]
         if newer:
-            raise CorruptRecord(
+            raise CorruptDeploymentRecord(
                 f"{action} refused: {self.corrupt[max(newer, key=record_order)]}; it is newer"
                 " than every record that can be read, so what is live is not known: repair or"
                 " remove it, then run it again"
@@ -123,14 +123,14 @@ def record_order(path: Path) -> tuple[int, str]:
 
 
 def read_record(path: Path) -> dict[str, Any]:
-    """One record, or CorruptRecord with one line naming the file (and field)."""
+    """One record, or CorruptDeploymentRecord with one line naming the file (and field)."""
     if not path.stem.isdigit():
-        raise CorruptRecord(f"{path}: not a record's name (<time_ns>.json)")
-    record = load_json(path, RECORD_MAX_BYTES, CorruptRecord)
+        raise CorruptDeploymentRecord(f"{path}: not a record's name (<time_ns>.json)")
+    record = load_json(path, RECORD_MAX_BYTES, CorruptDeploymentRecord)
     if not isinstance(record, dict):
-        raise CorruptRecord(f"{path}: expected a JSON object")
+        raise CorruptDeploymentRecord(f"{path}: expected a JSON object")
     try:
         fields = msgspec.to_builtins(msgspec.convert(record, RecordFields))
     except msgspec.ValidationError as err:
-        raise CorruptRecord(f"{path}: {describe_json_error(str(err))}") from None
+        raise CorruptDeploymentRecord(f"{path}: {describe_json_error(str(err))}") from None
     return {**record, **fields, "deployment": {**record["deployment"], **fields["deployment"]}}

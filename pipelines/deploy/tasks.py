@@ -14,14 +14,13 @@ from pipelines.deploy.health import smoke
 from pipelines.deploy.plan import Deployment
 from pipelines.deploy.preflight import provenance_problems
 from pipelines.deploy.profilelock import in_turn, profile_lock
-from pipelines.deploy.pruning import Stray, prune_wanted, pruned_fields
 from pipelines.deploy.records import (
     DEPLOYED,
     REFUSED,
     RESTORED,
     ROLLED_BACK,
     UNCHANGED,
-    CorruptRecord,
+    CorruptDeploymentRecord,
     Records,
 )
 from pipelines.deploy.signals import restoring, terminate_as_interrupt
@@ -32,6 +31,7 @@ from pipelines.stage import Context
 from pipelines.steps import Step, side_task
 from pipelines.targets import target_of
 from pipelines.targets.kubeapi import KubeAccess
+from pipelines.targets.pruning import Stray, prune_wanted, pruned_fields
 
 if TYPE_CHECKING:
     from pipelines.deploy.backends import Backend
@@ -306,13 +306,13 @@ class Deploy:
         say("rollback", f"{deployment.key[:16]} restored; {restored}")
 
     def _kept(self, record: dict[str, Any]) -> Deployment:
-        """The deployment a record kept, checked as its target applies it; CorruptRecord (exit
-        2) naming the record and the first bad field."""
+        """The deployment a record kept, checked as its target applies it; else
+        CorruptDeploymentRecord (exit 2) naming the record and the first bad field."""
         deployment = Deployment.from_record(self.profile.name, record["deployment"])
         problems = self.backend.validate(deployment)
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise CorruptRecord(
+            raise CorruptDeploymentRecord(
                 f"{self.records.folder / record['file']}: {problems[0]}{more}; nothing applied"
             )
         return deployment
@@ -326,7 +326,7 @@ class Deploy:
             return None
         try:
             return self._kept(live[-1])
-        except CorruptRecord as err:
+        except CorruptDeploymentRecord as err:
             self.records.skip(self.records.folder / live[-1]["file"], str(err))
             return None
 

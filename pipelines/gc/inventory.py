@@ -12,7 +12,7 @@ from pathlib import Path
 from pipelines.errors import BadInput
 from pipelines.files import MiB, read_capped
 from pipelines.gcplan import Item
-from pipelines.store import CorruptRecord, Store, read_record
+from pipelines.store import CorruptStepRecord, Store, read_record
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
 # results.json holds every request's chunk timings: some MiB; past this it is not the bench's.
@@ -43,7 +43,7 @@ def step_items(store: Store) -> list[Item]:
         refs = [f"step:{folder.name}"]
         try:
             name = str(read_record(folder / "step.json").get("name", "?"))
-        except CorruptRecord:
+        except CorruptStepRecord:
             name = "unreadable record"
         if name == "render" and (folder / "out").is_dir():
             digest, _ = store.statcache.tree_listing(folder / "out")

@@ -80,11 +80,6 @@ def buildx_command(plan: BuildPlan, context: Path, dest: str = "image.tar") -> l
     return command + ["--output", f"type=docker,dest={dest},rewrite-timestamp=true", str(context)]
 
 
-def digest_of(ref: str) -> str:
-    """The sha256:... part of a pinned reference."""
-    return ref.rsplit("@", 1)[1]
-
-
 def plan_image(
     image: ImageDir,
     registry: str,

@@ -45,11 +45,6 @@ def normal_mode(mode: int) -> int:
     return 0o755 if mode & 0o111 else 0o644
 
 
-def context_digest(root: Path, statcache: StatCache, extra: dict[str, Path]) -> str:
-    """One digest of what the engine would receive: names, modes and file contents."""
-    return context_listing(root, statcache, extra)[0]
-
-
 @dataclass(frozen=True)
 class BuildContext:
     """An image's build context as a step input: digested as the engine would receive it."""

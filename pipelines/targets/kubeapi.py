@@ -21,7 +21,7 @@ APPLY = "application/apply-patch+yaml"
 REQUEST_TIMEOUT_S = 30
 
 
-class Refused(DeployError):
+class ApiRefused(DeployError):
     """The API server answered with an error status (kept, to tell 404 from the rest)."""
 
     def __init__(self, line: str, status: int):
@@ -116,7 +116,7 @@ class KubeApi:
                 _request_timeout=REQUEST_TIMEOUT_S,
             )[0]
         except ApiException as err:
-            raise Refused(self._refusal(err, method, path), err.status) from None
+            raise ApiRefused(self._refusal(err, method, path), err.status) from None
         except HTTPError as err:
             raise DeployUnreachable(
                 f"kubernetes API {self.url} unreachable ({type(err).__name__}) on {method} {path};"
@@ -144,7 +144,7 @@ class KubeApi:
             path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
             try:
                 listing = self.request("GET", path)
-            except Refused as err:
+            except ApiRefused as err:
                 if err.status != 404:
                     raise
                 listing = {"resources": []}
@@ -168,7 +168,7 @@ class KubeApi:
         try:
             found: dict[str, Any] = self.request("GET", resource.path(name, namespace))
             return found
-        except Refused as err:
+        except ApiRefused as err:
             if err.status == 404:
                 return None
             raise
@@ -196,7 +196,7 @@ class KubeApi:
             query["dryRun"] = "All"
         try:
             self.request("DELETE", resource.path(name, namespace), query)
-        except Refused as err:
+        except ApiRefused as err:
             if err.status != 404:
                 raise
 
