@@ -11,8 +11,10 @@ from support.reproducible import (
     assert_recorded,
     bases_in_registry,
     clean_build,
+    plain_builds,
+    variation_id,
 )
-from support.variations import DAYS, PLAIN, YEARS
+from support.variations import DAYS, YEARS
 
 PLATFORM, ARCH = "linux/amd64", "amd64"
 DEBS = REPO / ".cache" / "debs"  # the locked .debs by sha256: inputs, not conditions
@@ -32,15 +34,7 @@ RECORDED = [("base", "local-sim"), ("base", "weights-stager"), ("image", "weight
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
     """The plain clean build of (kind, image), made once for the module."""
-    built = {}
-    work = tmp_path_factory.mktemp("plain")
-
-    def build(kind: str, image: str):
-        if (kind, image) not in built:
-            built[kind, image] = clean_build(kind, image, PLATFORM, PLAIN, work, DEBS)
-        return built[kind, image]
-
-    return build
+    return plain_builds(PLATFORM, tmp_path_factory.mktemp("plain"), DEBS)
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +43,8 @@ def with_bases(stack, tmp_path_factory):
     bases_in_registry(stack, ["local-sim", "weights-stager"], PLATFORM, tmp_path_factory)
 
 
-def ids(value):
-    """A variation by its name in test ids."""
-    return getattr(value, "name", value)
-
-
 @pytest.mark.stack  # builds of a Debian base, minutes: not the fast lane
-@pytest.mark.parametrize(("kind", "image", "variation"), VARIED[:3], ids=ids)
+@pytest.mark.parametrize(("kind", "image", "variation"), VARIED[:3], ids=variation_id)
 def test_two_clean_builds_of_a_base_under_other_conditions_give_one_digest(
     kind, image, variation, plain, tmp_path
 ):
@@ -63,7 +52,7 @@ def test_two_clean_builds_of_a_base_under_other_conditions_give_one_digest(
     assert_one_digest(plain(kind, image), varied, f"{kind} {image} {ARCH}", variation)
 
 
-@pytest.mark.parametrize(("kind", "image", "variation"), VARIED[3:], ids=ids)
+@pytest.mark.parametrize(("kind", "image", "variation"), VARIED[3:], ids=variation_id)
 def test_two_clean_builds_of_an_image_under_other_conditions_give_one_digest(
     kind, image, variation, plain, with_bases, tmp_path
 ):

@@ -1,6 +1,7 @@
 """The Sparks' architecture, built and run here under emulation (qemu-user-static): the arm64
-bases and images give one digest per key whatever the build's conditions, and the arm64
-weights-stager stages a small model from the local S3 in an arm64 container."""
+images give one digest per key whatever the build's conditions, and the arm64 weights-stager
+stages a small model from the local S3 in an arm64 container (the bases:
+tests/test_reproducible_arm64_bases.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ from support.reproducible import (
     assert_recorded,
     bases_in_registry,
     clean_build,
+    fail_without_emulation,
+    plain_builds,
+    variation_id,
 )
 from support.stages import ImageAt
-from support.variations import DAYS, PLAIN, YEARS
+from support.variations import DAYS, YEARS
 
 from pipelines.deploy.ringstage import (
     PLAN_PARENT,
@@ -25,8 +29,6 @@ from pipelines.deploy.ringstage import (
     s3_environment,
     stager_command,
 )
-from pipelines.images.emulation import emulation_problem
-from pipelines.images.inputs import debian_arch
 from pipelines.site import Site
 from pipelines.steps import Engine
 from pipelines.store import Store
@@ -35,34 +37,21 @@ from pipelines.weights.ringplan import RingNode, plan_json, plan_ring
 PLATFORM, ARCH = "linux/arm64", "arm64"
 DEBS = REPO / ".cache" / "debs"
 VARIED = [
-    ("base", "local-sim", DAYS),
-    ("base", "weights-stager", YEARS),
     ("image", "weights-stager", DAYS),  # its wheels come over TLS: see test_reproducible.py
     ("image", "local-sim", YEARS),
 ]
-RECORDED = [("base", "local-sim"), ("base", "weights-stager"), ("image", "weights-stager")]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def emulation():
     """This machine runs arm64 binaries (scripts/install registers qemu); else one line."""
-    problem = emulation_problem(ARCH, debian_arch())
-    if problem is not None:
-        pytest.fail(f"arm64 under emulation: {problem}; run scripts/install", pytrace=False)
+    fail_without_emulation(ARCH)
 
 
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
     """The plain clean build of (kind, image), made once for the module."""
-    built = {}
-    work = tmp_path_factory.mktemp("plain")
-
-    def build(kind: str, image: str):
-        if (kind, image) not in built:
-            built[kind, image] = clean_build(kind, image, PLATFORM, PLAIN, work, DEBS)
-        return built[kind, image]
-
-    return build
+    return plain_builds(PLATFORM, tmp_path_factory.mktemp("plain"), DEBS)
 
 
 @pytest.fixture(scope="module")
@@ -71,21 +60,7 @@ def with_bases(stack, tmp_path_factory):
     bases_in_registry(stack, ["local-sim", "weights-stager"], PLATFORM, tmp_path_factory)
 
 
-def ids(value):
-    """A variation by its name in test ids."""
-    return getattr(value, "name", value)
-
-
-@pytest.mark.stack  # builds of a Debian base, minutes: not the fast lane
-@pytest.mark.parametrize(("kind", "image", "variation"), VARIED[:2], ids=ids)
-def test_two_clean_arm64_builds_of_a_base_under_other_conditions_give_one_digest(
-    kind, image, variation, plain, tmp_path
-):
-    varied = clean_build(kind, image, PLATFORM, variation, tmp_path, DEBS)
-    assert_one_digest(plain(kind, image), varied, f"{kind} {image} {ARCH}", variation)
-
-
-@pytest.mark.parametrize(("kind", "image", "variation"), VARIED[2:], ids=ids)
+@pytest.mark.parametrize(("kind", "image", "variation"), VARIED, ids=variation_id)
 def test_two_clean_arm64_builds_of_an_image_under_other_conditions_give_one_digest(
     kind, image, variation, plain, with_bases, tmp_path
 ):
@@ -93,10 +68,10 @@ def test_two_clean_arm64_builds_of_an_image_under_other_conditions_give_one_dige
     assert_one_digest(plain(kind, image), varied, f"{kind} {image} {ARCH}", variation)
 
 
-@pytest.mark.parametrize(("kind", "image"), RECORDED)
-def test_the_arm64_digest_is_the_one_recorded_for_its_key(kind, image, plain, with_bases):
-    tried = sorted({v.describe() for k, i, v in VARIED if (k, i) == (kind, image)})
-    assert_recorded(kind, image, ARCH, plain(kind, image), tried)
+def test_the_arm64_digest_of_weights_stager_is_the_one_recorded_for_its_key(plain, with_bases):
+    assert_recorded(
+        "image", "weights-stager", ARCH, plain("image", "weights-stager"), [DAYS.describe()]
+    )
 
 
 @pytest.fixture(scope="module")

@@ -114,3 +114,32 @@ def bases_in_registry(stack, images: list[str], platform: str, tmp_path_factory)
         stage = ImageAt(REPO / "images" / image, platform, engine, site)
         assert stage.base_step is not None
         engine.run(stage.base_step)
+
+
+def plain_builds(platform: str, work: Path, debs: Path):
+    """clean_build under no variation for (kind, image), each made once, for a test module."""
+    from support.variations import PLAIN
+
+    built: dict[tuple[str, str], Build] = {}
+
+    def build(kind: str, image: str) -> Build:
+        if (kind, image) not in built:
+            built[kind, image] = clean_build(kind, image, platform, PLAIN, work, debs)
+        return built[kind, image]
+
+    return build
+
+
+def variation_id(value):
+    """A variation by its name in test ids."""
+    return getattr(value, "name", value)
+
+
+def fail_without_emulation(arch: str) -> None:
+    """Fail in one line where this machine cannot run arch's binaries (never skip)."""
+    from pipelines.images.emulation import emulation_problem
+    from pipelines.images.inputs import debian_arch
+
+    problem = emulation_problem(arch, debian_arch())
+    if problem is not None:
+        pytest.fail(f"{arch} under emulation: {problem}; run scripts/install", pytrace=False)
