@@ -57,7 +57,7 @@ def collect(days: float, roots: list[Path], really: bool) -> int:
     if not url:
         raise BadInput("environment SPARKFORGE_REMOTE_CACHE: not set; expected s3://BUCKET/PREFIX")
     for line in collect_cache(url, days, roots, really, time.time()):
-        say("cache gc", f"{line}")
+        say("cache gc", line)
     if not really:
         say("cache gc", "dry run, nothing deleted; --delete deletes what it would free")
     return 0

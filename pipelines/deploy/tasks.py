@@ -423,7 +423,7 @@ class Deploy:
         show(f"  :stable at {self._stable_now()}")
         for line in self.backend.running(deployment):
             show(f"  {line}")
-        say("  doit build now", f"{self._build_now(deployment)}")
+        show(f"  doit build now: {self._build_now(deployment)}")
         drift = self.backend.drift(deployment)
         for line in summary(drift, "drift since deployed"):
             show(f"  {line}")

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     say("fabric", f"{transports}; {measured}")
     lines = failures(log, expect)
     for line in lines:
-        say("fabric", f"{line}")
+        say("fabric", line)
     say("fabric", f"{'failed' if lines else 'passed'} ({expect.transport})")
     return 1 if lines else 0
 

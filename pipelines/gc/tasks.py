@@ -113,7 +113,7 @@ class Gc:
             tags, reach, repository = self.tags(roots)
             verdicts = gc_plan(items + tags, Roots({**roots.reach, **reach}, roots.unknown))
             for line in report(verdicts, delete):
-                say("gc", f"{line}")
+                say("gc", line)
             written = write_roots(store.area("gc"), kept_step_keys(verdicts, roots))
             show(
                 f"gc: the step keys its roots reach: {written}"

@@ -56,4 +56,4 @@ class RegistryCache:
             attach(self.registry, self.repository, digest, envelope, work)
             say(record["name"], f"attested {digest[:19]} (in-toto SLSA v1, DSSE)")
         self.registry.push_manifest(self.repository, self.key_tag(key), image.manifest)
-        say(record["name"], f"{where}")
+        say(record["name"], where)
