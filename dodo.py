@@ -11,16 +11,18 @@ from doit import get_var
 
 # The stages by package, not by class: doit takes every name here with a create_doit_tasks
 # for a task creator, a stage's class included.
-from pipelines import bench, deploy, fabric, gc, images, profile_check, provenance, render, weights
-from pipelines.cache import remote_cache
-from pipelines.deploy.records import who_ran
-from pipelines.errors import PipelineError, exit_with
-from pipelines.profiles import load_profile
-from pipelines.settings import read_settings
-from pipelines.site import Site
-from pipelines.stage import Context
-from pipelines.steps import Engine
-from pipelines.store import Store
+from pipelines import gc
+from pipelines.core.errors import PipelineError, exit_with
+from pipelines.core.profiles import load_profile
+from pipelines.core.settings import read_settings
+from pipelines.core.site import Site
+from pipelines.engine.remote import remote_cache
+from pipelines.engine.stage import Context
+from pipelines.engine.steps import Engine
+from pipelines.engine.store import Store
+from pipelines.stages import bench, deploy, fabric, images, provenance, render, weights
+from pipelines.stages import profile as profile_stage  # `profile` is the profile itself below
+from pipelines.stages.deploy.records import who_ran
 
 # doit's name=value arguments a stage reads: a digest CI pushed, a hand-given fabric check,
 # prune=no (deploy and the fabric check keep what a new render dropped), platform=linux/arm64
@@ -72,7 +74,7 @@ def run_context(profile_name: str) -> Context:
 # The table of stages, in the order a build runs them; each takes what earlier ones publish.
 try:
     CONTEXT = run_context(get_var("profile", "local"))
-    PROFILE = profile_check.ProfileCheck(CONTEXT)
+    PROFILE = profile_stage.ProfileCheck(CONTEXT)
     WEIGHTS = weights.Weights(CONTEXT)
     IMAGES = images.Images(CONTEXT)
     STAGER = images.Images.stager(CONTEXT, runtime=IMAGES)  # a ring's weights-stager image
@@ -86,7 +88,7 @@ try:
     DEPLOY = deploy.Deploy(
         CONTEXT,
         render=RENDER.step,
-        tags=IMAGES,
+        tags=IMAGES.tags,
         model=WEIGHTS.outputs,
         stager=STAGER.published,
         provenance=TRUST.problems,

@@ -60,7 +60,7 @@ def s3_client(endpoints: Endpoints, credentials: Mapping[str, str]) -> S3Client:
     from botocore.config import Config
 
     # The pipeline's own client settings, so tests reach the stack's S3 as the pipeline does.
-    from pipelines.s3options import MODEL_S3_OPTIONS
+    from pipelines.core.s3 import MODEL_S3_OPTIONS
 
     config = Config(region_name=endpoints.s3_region, max_pool_connections=32, **MODEL_S3_OPTIONS)
     return boto3.session.Session().client(

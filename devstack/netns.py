@@ -18,6 +18,8 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
+from pipelines.core.files import last_line
+
 UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 
 # weed puts its gRPC unix sockets at fixed paths, /tmp/seaweedfs-<service>-grpc-<port>.sock, and
@@ -130,20 +132,17 @@ def wait_for_bucket(endpoint: str, credentials: Mapping[str, str], log: Path) ->
             except Exception as err:
                 if time.monotonic() > deadline:
                     raise LinkError(
-                        f"S3 never answered at {endpoint} ({err}); {last_line(log)}"
+                        f"S3 never answered at {endpoint} ({err}); {log_ending(log)}"
                     ) from None
                 time.sleep(0.5)
     finally:
         client.close()
 
 
-def last_line(log: Path) -> str:
+def log_ending(log: Path) -> str:
     """The log's last line, quoted: what to say when the log itself is about to be removed."""
-    try:
-        lines = log.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return f"no log at {log}"
-    return f"its log ends: {lines[-1]!r}" if lines else "its log is empty"
+    line = last_line(log)
+    return f"its log ends: {line!r}" if line else f"no lines in {log}"
 
 
 def _terminate(signum: int, frame: FrameType | None) -> NoReturn:

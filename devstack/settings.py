@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.errors import PipelineError, Unreachable
+from pipelines.core.errors import PipelineError, Unreachable
 
 STACK_DIR_ENV = "SPARKFORGE_STACK_DIR"
 S3_PORT_ENV = "SPARKFORGE_S3_PORT"

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from pipelines.render.crd_schema import validator
+from pipelines.stages.render.crd_schema import validator
 
 LLMKUBE = "inference.llmkube.dev/v1alpha1"
 TOKEN = "double-token-7f3a"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import hashlib
 
-from pipelines.paths import PATCH_SOURCE
-from pipelines.profiles import load_profile
-from pipelines.render.documents import Document, RenderInputs
-from pipelines.render.kubernetes import render
-from pipelines.weights.lock import LockEntry, load_lock, lock_path
-from pipelines.weights.ringplan import RingNode, plan_json, plan_ring
+from pipelines.core.modellock import LockEntry, load_lock, lock_path
+from pipelines.core.paths import PATCH_SOURCE
+from pipelines.core.profiles import load_profile
+from pipelines.stages.render.documents import Document, RenderInputs
+from pipelines.stages.render.kubernetes import render
+from pipelines.stages.weights.ringplan import RingNode, plan_json, plan_ring
 
 
 def staged_tp3_render(

@@ -24,8 +24,8 @@ from support.doit import run_doit
 from support.stack import delete_repository
 
 import devstack as local_stack
-from pipelines.images.registry import ACCEPT
-from pipelines.paths import PROFILES_DIR
+from pipelines.core.paths import PROFILES_DIR
+from pipelines.stages.images.registry import ACCEPT
 
 pytestmark = pytest.mark.stack
 REPOSITORY = "lab/sparkforge"  # github.repository, as the workflow_run payloads name it

@@ -16,17 +16,19 @@ import pytest
 import requests
 from sim_server import Sim, make_model
 
-from pipelines.bench import needles, plots
-from pipelines.bench.client import stream_chat
-from pipelines.bench.gate import check_baseline
-from pipelines.bench.load import CellSpec, run_cell
-from pipelines.bench.needles import fit_to_length, needle_prompt, server_counter
-from pipelines.bench.probes import probe_thinking, run_probes
-from pipelines.bench.record import Event, RequestRecord
-from pipelines.bench.report import write_results
-from pipelines.bench.run import cell_line, gate, sweep_body
-from pipelines.bench.sse import EventBuffer, read_chunk
-from pipelines.bench.timing import (
+from pipelines.core.paths import REPO_ROOT
+from pipelines.core.profiles import load_profile
+from pipelines.stages.bench import needles, plots
+from pipelines.stages.bench.client import stream_chat
+from pipelines.stages.bench.gate import check_baseline
+from pipelines.stages.bench.load import CellSpec, run_cell
+from pipelines.stages.bench.needles import fit_to_length, needle_prompt, server_counter
+from pipelines.stages.bench.probes import probe_thinking, run_probes
+from pipelines.stages.bench.record import Event, RequestRecord
+from pipelines.stages.bench.report import write_results
+from pipelines.stages.bench.run import cell_line, gate, sweep_body
+from pipelines.stages.bench.sse import EventBuffer, read_chunk
+from pipelines.stages.bench.timing import (
     CHUNKS,
     CONTINUOUS,
     FINAL_USAGE,
@@ -35,8 +37,6 @@ from pipelines.bench.timing import (
     steady_state,
     summarize,
 )
-from pipelines.paths import REPO_ROOT
-from pipelines.profiles import load_profile
 
 # A timing model slow enough that loopback and thread overheads stay far below 2%.
 MODEL = {"ttft": 0.5, "prefill": 20000.0, "decode": 500.0, "falloff": 0.5}
@@ -350,8 +350,8 @@ def test_the_local_baseline_is_the_simulators_own_settings():
 
 
 def bench_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """`python -m pipelines.bench ARGS` from the checkout, as a person runs it."""
-    command = [sys.executable, "-m", "pipelines.bench", *args]
+    """`python -m pipelines.stages.bench ARGS` from the checkout, as a person runs it."""
+    command = [sys.executable, "-m", "pipelines.stages.bench", *args]
     return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
 
 

@@ -8,11 +8,11 @@ from types import SimpleNamespace
 import pytest
 from sim_server import Sim, make_model
 
-from pipelines.bench.failures import BenchInconclusive
-from pipelines.bench.gate import INCONCLUSIVE, PASSED, REGRESSED, gate_rows, judge
-from pipelines.bench.intervals import bootstrap_interval
-from pipelines.bench.load import CellSpec, run_repeated
-from pipelines.bench.run import sweep_body
+from pipelines.stages.bench.failures import BenchInconclusive
+from pipelines.stages.bench.gate import INCONCLUSIVE, PASSED, REGRESSED, gate_rows, judge
+from pipelines.stages.bench.intervals import bootstrap_interval
+from pipelines.stages.bench.load import CellSpec, run_repeated
+from pipelines.stages.bench.run import sweep_body
 
 WINDOW = SimpleNamespace(metric="decode.c1.median_window_tok_s", value=400.0, tolerance=0.05,
                          better="higher")  # fmt: skip

@@ -1,5 +1,5 @@
 """Bench runs across deployments: each run indexed by its deployment, `doit bench_history`
-plotting the gated metrics over the last deployments, `python -m pipelines.bench compare`."""
+plotting the gated metrics over the last deployments, `python -m pipelines.stages.bench compare`."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from types import SimpleNamespace
 import pytest
 from sim_server import Sim, make_model
 
-from pipelines.bench.history import INDEX, last_deployments, read_history
-from pipelines.bench.load import CellSpec, run_repeated
-from pipelines.bench.report import write_results
-from pipelines.bench.run import gate, sweep_body
-from pipelines.paths import REPO_ROOT
+from pipelines.core.paths import REPO_ROOT
+from pipelines.stages.bench.history import INDEX, last_deployments, read_history
+from pipelines.stages.bench.load import CellSpec, run_repeated
+from pipelines.stages.bench.report import write_results
+from pipelines.stages.bench.run import gate, sweep_body
 
 DECODE = 3000.0
 BASELINE = [SimpleNamespace(metric="decode.c1.median_window_tok_s", value=DECODE,
@@ -85,7 +85,7 @@ def test_five_deployments_of_local_are_plotted_and_two_runs_compared(tmp_path):
     if keep := os.environ.get("BENCH_HISTORY_PLOT"):
         shutil.copyfile(area / "history.png", keep)
 
-    compared = command(tmp_path, "pipelines.bench", "compare", str(runs[1]), str(runs[2]))
+    compared = command(tmp_path, "pipelines.stages.bench", "compare", str(runs[1]), str(runs[2]))
     assert compared.returncode == 0, compared.stderr
     first = compared.stdout.splitlines()[0]
     assert first == f"{runs[1]} ({verdicts[1]}) -> {runs[2]} (failed)"
@@ -96,7 +96,9 @@ def test_five_deployments_of_local_are_plotted_and_two_runs_compared(tmp_path):
     assert -25 < change < -15, window
     assert f"gate decode.c1.median_window_tok_s: {verdicts[1]} -> regressed" in lines
 
-    missing = command(tmp_path, "pipelines.bench", "compare", str(runs[0]), str(area / "nope"))
+    missing = command(
+        tmp_path, "pipelines.stages.bench", "compare", str(runs[0]), str(area / "nope")
+    )
     assert missing.returncode == 2 and missing.stdout == ""
     assert missing.stderr == (
         f"error: {area / 'nope'}: no such run (expected a run's folder,"
@@ -111,7 +113,7 @@ def test_a_run_index_with_a_field_of_the_wrong_type_is_one_line_exit_2(tmp_path)
              "gate": [{"metric": "m", "baseline": "fast", "tolerance": 0.1, "better": "higher"}],
              "cells": {}}  # fmt: skip
     (run / INDEX).write_text(json.dumps(entry))
-    result = command(tmp_path, "pipelines.bench", "compare", str(run), str(run))
+    result = command(tmp_path, "pipelines.stages.bench", "compare", str(run), str(run))
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == (
         f"error: {run / INDEX}: field 'gate.0.baseline': expected `float`, got `str`\n"
@@ -120,7 +122,7 @@ def test_a_run_index_with_a_field_of_the_wrong_type_is_one_line_exit_2(tmp_path)
 
 def test_two_deployments_of_one_image_and_commit_have_two_names_on_the_plot():
     # A profile's env changed (decode rate 410 -> 360): same image, same commit, two deployments.
-    from pipelines.bench.history import Deployment, Entry, label
+    from pipelines.stages.bench.history import Deployment, Entry, label
 
     def entry(manifests_key: str) -> Entry:
         deployment = Deployment(
@@ -143,6 +145,6 @@ def test_two_deployments_of_one_image_and_commit_have_two_names_on_the_plot():
     ids=["one run each", "one in A", "one in B", "runs each"],
 )
 def test_a_side_of_one_run_is_compared_without_an_interval(a, b, line):
-    from pipelines.bench.history import change_line
+    from pipelines.stages.bench.history import change_line
 
     assert change_line("w", a, b) == line

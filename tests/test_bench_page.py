@@ -15,10 +15,10 @@ from PIL import Image
 from sim_server import Sim, make_model
 from support.browser import browser, page_text
 
-from pipelines.bench.load import CellSpec, run_repeated
-from pipelines.bench.probes import run_probes
-from pipelines.bench.report import write_results
-from pipelines.bench.run import gate, sweep_body
+from pipelines.stages.bench.load import CellSpec, run_repeated
+from pipelines.stages.bench.probes import run_probes
+from pipelines.stages.bench.report import write_results
+from pipelines.stages.bench.run import gate, sweep_body
 
 
 @pytest.mark.stack  # a browser and a simulator: seconds, not the fast lane

@@ -15,13 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.bench.client import stream_chat, take_chunk
-from pipelines.bench.probes import WEATHER_TOOL, chat, probe_models, probe_thinking, probe_tool_call
-from pipelines.bench.record import RequestRecord
-from pipelines.bench.run import sweep_body
-from pipelines.bench.serverview import HISTOGRAMS, RUNNING, WAITING, load_of, read_metrics
-from pipelines.bench.sse import DONE, EventBuffer, read_chunk
-from pipelines.bench.timing import CONTINUOUS, request_timing
+from pipelines.stages.bench.client import stream_chat, take_chunk
+from pipelines.stages.bench.probes import (
+    WEATHER_TOOL,
+    chat,
+    probe_models,
+    probe_thinking,
+    probe_tool_call,
+)
+from pipelines.stages.bench.record import RequestRecord
+from pipelines.stages.bench.run import sweep_body
+from pipelines.stages.bench.serverview import HISTOGRAMS, RUNNING, WAITING, load_of, read_metrics
+from pipelines.stages.bench.sse import DONE, EventBuffer, read_chunk
+from pipelines.stages.bench.timing import CONTINUOUS, request_timing
 
 VLLM = Path(__file__).parent / "data" / "vllm"
 # A bench-shaped stream from a slower (79M) random Llama whose last chunk brings 43 tokens and

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from support.doit import run_doit
 
-from pipelines import statcache
-from pipelines.images.build import buildx_build, plan_image
-from pipelines.images.context import BuildContext, context_tar
-from pipelines.images.spec import ImageError, load_image
-from pipelines.paths import IMAGES_DIR, LOCKS_DIR, RECEIPT
+from pipelines.core.paths import IMAGES_DIR, LOCKS_DIR, RECEIPT
+from pipelines.engine import statcache
+from pipelines.stages.images.build import buildx_build, plan_image
+from pipelines.stages.images.context import BuildContext, context_tar
+from pipelines.stages.images.spec import ImageError, load_image
 
 FAKE_DIGEST = "sha256:" + "ab" * 32
 KEY = "0" * 64

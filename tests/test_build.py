@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from support.doit import run_doit
 
-from pipelines.statcache import StatCache
-from pipelines.weights.blobs import BlobStore
-from pipelines.weights.lock import cache_key, load_lock, lock_path
+from pipelines.core.modellock import cache_key, load_lock, lock_path
+from pipelines.engine.statcache import StatCache
+from pipelines.stages.weights.blobs import BlobStore
 
 REPO = Path(__file__).resolve().parent.parent
 BIG = "model-00048-of-00048.safetensors"

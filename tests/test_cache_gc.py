@@ -1,4 +1,4 @@
-"""`python -m pipelines.cache gc` against the stack's SeaweedFS: entries no root reaches and
+"""`python -m pipelines.engine.remote gc` against the stack's SeaweedFS: entries no root reaches and
 older than D days go, objects no kept entry names go, a kept entry still restores."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.cache import remote_cache
-from pipelines.cache.remote import RemoteCache
-from pipelines.namedkeys import keygen
+from pipelines.core.signing.namedkeys import keygen
+from pipelines.engine.remote import remote_cache
+from pipelines.engine.remote.remote import RemoteCache
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "models"  # the stack's bucket; the module works under a prefix of its own
@@ -66,9 +66,9 @@ def names(s3, prefix: str) -> list[str]:
 
 
 def cache_gc(filled, *args: str) -> subprocess.CompletedProcess:
-    """`python -m pipelines.cache gc ARGS` on the filled prefix."""
+    """`python -m pipelines.engine.remote gc ARGS` on the filled prefix."""
     result = subprocess.run(
-        [sys.executable, "-m", "pipelines.cache", "gc", *args],
+        [sys.executable, "-m", "pipelines.engine.remote", "gc", *args],
         cwd=REPO,
         env=filled["env"],
         capture_output=True,

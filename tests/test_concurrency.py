@@ -18,20 +18,20 @@ import pytest
 from support.deploying import member, records, served_models
 from support.doit import REPO
 
-from pipelines.deploy.profilelock import holder, in_turn, profile_lock
-from pipelines.statcache import StatCache
-from pipelines.store import Store
-from pipelines.weights.blobs import BlobStore
-from pipelines.weights.lock import cache_key, load_lock, lock_path
-from pipelines.weights.stage import StageError, check_plan, is_staged, stage, temp_name
+from pipelines.core.modellock import cache_key, load_lock, lock_path
+from pipelines.engine.statcache import StatCache
+from pipelines.engine.store import Store
+from pipelines.stages.deploy.profilelock import holder, in_turn, profile_lock
+from pipelines.stages.weights.blobs import BlobStore
+from pipelines.stages.weights.stage import StageError, check_plan, is_staged, stage, temp_name
 
 # A stager in a process of its own: stages folder `m` to the two plans in turn, ROUNDS times.
 STAGER = """
 import json, sys
 from pathlib import Path
-from pipelines.statcache import StatCache
-from pipelines.weights.blobs import BlobStore
-from pipelines.weights.stage import stage
+from pipelines.engine.statcache import StatCache
+from pipelines.stages.weights.blobs import BlobStore
+from pipelines.stages.weights.stage import stage
 root, plans, rounds = Path(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
 blobs = BlobStore(root / "weights", StatCache(root / "statcache.sqlite3"))
 for i in range(rounds):
@@ -43,7 +43,7 @@ for i in range(rounds):
 HOLDER = """
 import subprocess, sys
 from pathlib import Path
-from pipelines.deploy.profilelock import in_turn
+from pipelines.stages.deploy.profilelock import in_turn
 with in_turn(Path(sys.argv[1]), "p", "deploy", "holder"):
     if sys.argv[2] == "helper":
         print(subprocess.Popen(["sleep", "120"], close_fds=False).pid, flush=True)
@@ -55,7 +55,7 @@ with in_turn(Path(sys.argv[1]), "p", "deploy", "holder"):
 WAITER = """
 import sys
 from pathlib import Path
-from pipelines.deploy.profilelock import in_turn
+from pipelines.stages.deploy.profilelock import in_turn
 with in_turn(Path(sys.argv[1]), "p", "deploy", "waiter"):
     print("my turn", flush=True)
 """

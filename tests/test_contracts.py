@@ -41,34 +41,24 @@ def test_the_shipped_tree_keeps_every_contract(tmp_path):
     assert "0 broken" in result.stdout
 
 
+LAYERS = "The house's layers"
+ALONE = "No stage imports another"
 BREAKAGES = [
-    ("pipelines/steps.py", "import pipelines.weights", "The engine imports no stage"),
-    ("pipelines/store.py", "import requests", "import no outside-world library"),
-    ("pipelines/profiles.py", "import pipelines.steps", "The edge imports neither"),
-    ("pipelines/images/tasks.py", "import devstack", "No stage imports the local stack"),
-    ("pipelines/render/tasks.py", "import pipelines.weights.fetch", "Render uses other"),
-    ("pipelines/stage.py", "import pipelines.render", "The stage shape (Context, Stage)"),
-    ("pipelines/httpjson.py", "import pipelines.bench", "The HTTP pool and its JSON calls"),
-    ("pipelines/targets/docker.py", "import pipelines.deploy", "The deploy targets name"),
-    ("pipelines/fabric/launch.py", "import pipelines.deploy", "The fabric imports no other"),
-    ("pipelines/fabric/tasks.py", "import pipelines.render", "The fabric imports no other"),
-    ("pipelines/bench/tasks.py", "import pipelines.fabric", "The bench meets the other"),
-    ("pipelines/bench/intervals.py", "import urllib3", "The bench's formulas and gate"),
-    ("devstack/access.py", "import pipelines.weights.s3", "The local stack imports only"),
-    ("devstack/settings.py", "import pipelines.steps", "The local stack imports only"),
-    ("pipelines/cache/remote.py", "import pipelines.store", "The remote cache (an engine"),
-    ("pipelines/images/tasks.py", "import pipelines.render.tasks", "Images use other"),
-    ("pipelines/weights/tasks.py", "import pipelines.images.tasks", "Weights use other"),
-    ("pipelines/deploy/tasks.py", "import pipelines.render.tasks", "Deploy uses other"),
-    ("pipelines/deploy/tasks.py", "import pipelines.fabric", "The stages before it do not"),
-    ("pipelines/render/tasks.py", "import pipelines.bench", "No stage before it imports"),
-    ("pipelines/profile_check/__init__.py", "import pipelines.images.tasks", "The profile stage"),
-    ("pipelines/provenance/checks.py", "import pipelines.images", "Provenance and the named keys"),
-    ("pipelines/namedkeys.py", "import pipelines.cache", "Provenance and the named keys"),
-    ("pipelines/store.py", "import pipelines.gc", "Nothing below gc imports it"),
-    ("pipelines/deploy/records.py", "import pipelines.gc.builds", "Nothing below gc imports it"),
-    ("pipelines/gc/roots.py", "import pipelines.deploy.tasks", "gc reads the stages' records"),
-    ("pipelines/weights/tasks.py", "import model_signing", "Only the model's signature"),
+    ("pipelines/engine/steps.py", "import pipelines.stages.weights", LAYERS),
+    ("pipelines/core/profiles.py", "import pipelines.engine.steps", LAYERS),
+    ("pipelines/targets/docker.py", "import pipelines.stages.deploy", LAYERS),
+    ("pipelines/stages/deploy/records.py", "import pipelines.gc.builds", LAYERS),
+    ("pipelines/engine/stage.py", "import pipelines.targets", LAYERS),
+    ("pipelines/stages/render/tasks.py", "import pipelines.stages.weights.fetch", ALONE),
+    ("pipelines/stages/images/tasks.py", "import pipelines.stages.provenance", ALONE),
+    ("pipelines/stages/bench/tasks.py", "import pipelines.stages.fabric", ALONE),
+    ("pipelines/engine/store.py", "import requests", "import no outside-world library"),
+    ("pipelines/core/files.py", "import boto3", "import no outside-world library"),
+    ("pipelines/stages/bench/intervals.py", "import urllib3", "The bench's formulas and gate"),
+    ("pipelines/stages/images/tasks.py", "import devstack", "No part of the pipeline imports"),
+    ("devstack/settings.py", "import pipelines.engine.steps", "The local stack imports only"),
+    ("devstack/access.py", "import pipelines.stages.weights.s3", "The local stack imports only"),
+    ("pipelines/stages/weights/tasks.py", "import model_signing", "Only the model's signature"),
     ("pipelines/targets/pruning.py", "import pipelines.targets.kubeapi", "The pruning shape"),
 ]
 
@@ -91,11 +81,36 @@ def test_every_contract_has_a_forbidden_import_that_breaks_it():
     assert [n for n in names if not any(row[2] in n for row in BREAKAGES)] == []
 
 
+def test_a_new_stage_is_held_by_the_contracts_as_they_are(tmp_path):
+    # A stage added as a folder under stages/ is independent of the others and under the
+    # targets with no edit to pyproject.toml: importing another stage breaks the contract.
+    folder = copy_project(tmp_path)
+    new = folder / "pipelines" / "stages" / "newstage"
+    new.mkdir()
+    (new / "__init__.py").write_text("import pipelines.stages.render  # noqa: F401\n")
+    result = lint_imports(folder)
+    assert result.returncode != 0
+    assert f"{ALONE} BROKEN" in result.stdout, result.stdout
+    assert "pipelines.stages.newstage is not allowed to import pipelines.stages.render" in (
+        result.stdout
+    )
+
+
+def test_a_folder_outside_the_layers_is_refused(tmp_path):
+    # Exhaustive layers: a new folder of pipelines/ must be given its place in the house.
+    folder = copy_project(tmp_path)
+    (folder / "pipelines" / "extras").mkdir()
+    (folder / "pipelines" / "extras" / "__init__.py").write_text("")
+    result = lint_imports(folder)
+    assert result.returncode != 0
+    assert "pipelines.extras" in result.stdout, result.stdout
+
+
 @pytest.mark.parametrize(
     ("module", "line"),
     [
-        ("images/local-sim/sim/__main__.py", "import pipelines.steps"),
-        ("pipelines/steps.py", "import dodo"),
+        ("images/local-sim/sim/__main__.py", "import pipelines.engine.steps"),
+        ("pipelines/engine/steps.py", "import dodo"),
     ],
 )
 def test_importing_dodo_or_the_pipeline_into_an_image_is_refused_by_ruff(tmp_path, module, line):
@@ -151,16 +166,20 @@ def test_no_module_imports_itself_through_others(tmp_path):
 
 def test_a_new_import_cycle_is_found_and_named(tmp_path):
     folder = copy_project(tmp_path)
-    oci = folder / "pipelines" / "images" / "oci.py"
-    oci.write_text(oci.read_text() + "\nfrom pipelines.images import registry  # noqa\n")
+    oci = folder / "pipelines" / "stages" / "images" / "oci.py"
+    oci.write_text(oci.read_text() + "\nfrom pipelines.stages.images import registry  # noqa\n")
     cycles = import_cycles(folder)
-    assert ["pipelines.images.oci", "pipelines.images.registry", "pipelines.images.oci"] in cycles
+    assert [
+        "pipelines.stages.images.oci",
+        "pipelines.stages.images.registry",
+        "pipelines.stages.images.oci",
+    ] in cycles
 
 
-# The modules that print without the one printer (pipelines/progress.py), each for a reason.
+# The modules that print without the one printer (pipelines/core/progress.py), each for a reason.
 PRINTS_ELSEWHERE = {
-    "pipelines/errors.py": "the error line of every entry point, before anything else may work",
-    "pipelines/weights/patch.py": "also runs alone in a Job, with nothing but the standard library",
+    "pipelines/core/errors.py": "the error line of every entry point, before anything may work",
+    "pipelines/stages/weights/patch.py": "runs alone in a Job, with only the standard library",
 }
 
 
@@ -176,16 +195,16 @@ def test_every_line_a_user_reads_goes_through_the_one_printer():
         ]
         if calls:
             printing.add(path.relative_to(REPO).as_posix())
-    assert printing - {"pipelines/progress.py"} == set(PRINTS_ELSEWHERE)
+    assert printing - {"pipelines/core/progress.py"} == set(PRINTS_ELSEWHERE)
 
 
 def test_every_exception_class_has_a_name_of_its_own():
     import ast
     from collections import defaultdict
 
-    import pipelines.errors
+    import pipelines.core.errors
 
-    bases = {name for name in vars(pipelines.errors) if name[:1].isupper()}
+    bases = {name for name in vars(pipelines.core.errors) if name[:1].isupper()}
     where = defaultdict(list)
     for path in sorted((REPO / "pipelines").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -199,3 +218,26 @@ def test_every_exception_class_has_a_name_of_its_own():
                 where[node.name].append(path.relative_to(REPO).as_posix())
     reused = {name: paths for name, paths in where.items() if len(paths) > 1}
     assert reused == {}, f"exception names defined more than once: {reused}"
+
+
+# A class past this many lines does more than one thing: split it by what it does (how the
+# deploy backends, the stages and the ring member were split).
+CLASS_LINES = 300
+
+
+def long_classes(root: Path) -> list[str]:
+    """path:Class (lines) of every class of root's pipelines/ longer than CLASS_LINES."""
+    import ast
+
+    found = []
+    for path in sorted((root / "pipelines").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                lines = node.end_lineno - node.lineno + 1
+                if lines > CLASS_LINES:
+                    found.append(f"{path.relative_to(root)}:{node.name} ({lines})")
+    return found
+
+
+def test_no_class_is_longer_than_its_limit():
+    assert long_classes(REPO) == []

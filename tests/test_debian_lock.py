@@ -17,20 +17,20 @@ import msgspec
 import pytest
 from support import stages
 
-from pipelines.images import Images
-from pipelines.images.base import build_base
-from pipelines.images.debian_archive import lock_suite
-from pipelines.images.debian_lock import (
+from pipelines.core.profiles import load_profile
+from pipelines.engine.steps import Engine
+from pipelines.engine.store import Store
+from pipelines.stages.images import Images
+from pipelines.stages.images.base import build_base
+from pipelines.stages.images.debian_archive import lock_suite
+from pipelines.stages.images.debian_lock import (
     BaseLockError,
     load_debian_lock,
     lock_changes,
     lock_file,
 )
-from pipelines.images.inputs import debian_arch
-from pipelines.images.spec import load_image
-from pipelines.profiles import load_profile
-from pipelines.steps import Engine
-from pipelines.store import Store
+from pipelines.stages.images.inputs import debian_arch
+from pipelines.stages.images.spec import load_image
 
 REPO = Path(__file__).resolve().parent.parent
 DEBS = REPO / ".cache" / "debs"  # local-sim's locked .debs, fetched by scripts/install

@@ -25,11 +25,11 @@ from support.deploying import (
     tag_digest,
 )
 
-from pipelines.deploy.dockerhosts import Change, DockerHosts
-from pipelines.deploy.plan import Deployment
-from pipelines.deploy.preflight import nccl_disagreements
-from pipelines.errors import DeployError
-from pipelines.profiles import load_profile
+from pipelines.core.errors import DeployError
+from pipelines.core.profiles import load_profile
+from pipelines.stages.deploy.docker import Change, DockerHosts
+from pipelines.stages.deploy.plan import Deployment
+from pipelines.stages.deploy.preflight import nccl_disagreements
 from pipelines.targets.dockerengines import MemberHost
 
 

@@ -191,8 +191,8 @@ def test_a_prune_argument_other_than_yes_or_no_is_one_line_and_exit_2(world):
 
 
 def test_a_kept_launch_plan_of_the_wrong_shape_is_named_field_by_field():
-    from pipelines.deploy.dockerhosts import kept_plan_problems
-    from pipelines.deploy.plan import Deployment
+    from pipelines.stages.deploy.docker import kept_plan_problems
+    from pipelines.stages.deploy.plan import Deployment
 
     good = {"rank": 0, "node": "a", "image": "r/i@sha256:" + "0" * 64, "address": "127.0.0.1"}
     good |= {"port": 8000, "env": {"A": "1"}, "mounts": [{"source": "/m", "target": "/models"}]}

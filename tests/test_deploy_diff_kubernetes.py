@@ -18,9 +18,9 @@ from test_deploy_kubernetes import (
     stored_configs,
 )
 
-from pipelines.deploy.fielddiff import field_changes
-from pipelines.deploy.records import CorruptDeploymentRecord
-from pipelines.errors import ChangesPending, Drift, Unreachable
+from pipelines.core.errors import ChangesPending, Drift, Unreachable
+from pipelines.stages.deploy.fielddiff import field_changes
+from pipelines.stages.deploy.records import CorruptDeploymentRecord
 from pipelines.targets.pruning import OWNER_LABEL, PruneSettingError, prune_wanted
 
 # The Kubernetes deploy tests' world: the double, its kubeconfig, the module's render store.
@@ -42,17 +42,17 @@ def named(doc: dict) -> str:
 
 def without_member_3(stage):
     """The stage, its candidate a render that dropped member spark-3's own objects."""
-    full = stage.candidate()
+    full = stage.deployed.candidate()
     docs = tuple(d for d in full.documents if named(d) not in MEMBER_3)
     smaller = dataclasses.replace(full, key="d" * 64, documents=docs)
-    stage.candidate = lambda: smaller
+    stage.deployed.candidate = lambda: smaller
     return stage
 
 
 def diff(stage):
     """`doit diff`'s action; the ChangesPending it raised, if any."""
     try:
-        stage.diff()
+        stage.deployed.diff()
     except ChangesPending as err:
         return err
     finally:
@@ -131,13 +131,13 @@ def test_prune_no_keeps_what_the_render_dropped_and_diff_says_so(world, capsys):
     deploy(world, IMAGE_A)
     before = set(world.double.objects)
     stage = without_member_3(deploy_stage(world, IMAGE_A))
-    stage.prune = prune_wanted("no")
+    stage.prune = stage.deployed.prune = prune_wanted("no")
     capsys.readouterr()
     assert diff(stage) is None  # keeping them is no change
     out = capsys.readouterr().out
     assert "  Job/dsv41-flash-tp3-patch-2 in dsv41: keep (prune=no)" in out
     stage = without_member_3(deploy_stage(world, IMAGE_A))
-    stage.prune = False
+    stage.prune = stage.deployed.prune = False
     try:
         stage.deploy()
     finally:
@@ -155,7 +155,7 @@ def test_the_prune_argument_takes_yes_or_no_only():
 
 
 def test_a_rollback_restores_what_the_deploy_it_undoes_pruned(world):
-    first = configs_of(deploy(world, IMAGE_A).candidate())
+    first = configs_of(deploy(world, IMAGE_A).deployed.candidate())
     stage = without_member_3(deploy_stage(world, IMAGE_A))
     try:
         stage.deploy()
@@ -183,7 +183,7 @@ def test_status_names_a_field_edited_by_hand_and_exits_with_drift(world, capsys)
     capsys.readouterr()
     with pytest.raises(Drift) as err:
         try:
-            stage.status()
+            stage.deployed.status()
         finally:
             stage.backend.close()
     assert err.value.exit_code == 7
@@ -199,7 +199,7 @@ def test_status_without_drift_passes_and_says_so(world, capsys):
     stage = deploy_stage(world, IMAGE_A)
     capsys.readouterr()
     try:
-        stage.status()
+        stage.deployed.status()
     finally:
         stage.backend.close()
     assert "  drift since deployed: nothing" in capsys.readouterr().out
@@ -258,7 +258,7 @@ def test_status_reports_drift_while_the_registry_does_not_answer(world, capsys):
     capsys.readouterr()
     with pytest.raises(Drift):
         try:
-            stage.status()
+            stage.deployed.status()
         finally:
             stage.backend.close()
     out = capsys.readouterr().out.splitlines()

@@ -15,19 +15,19 @@ from kube_api import KubeDouble, KubeServer, b64, job_status, service_status
 from staged_tp3 import staged_tp3_render
 from support import stages
 
-from pipelines.deploy import Deploy, DeploySettings
-from pipelines.deploy.kubeobjects import LAST_APPLIED, compact, owned
-from pipelines.deploy.plan import Deployment
-from pipelines.deploy.records import Records
-from pipelines.errors import DeployError, PipelineError
-from pipelines.profiles import load_profile
-from pipelines.settings import read_settings
-from pipelines.site import Site
-from pipelines.steps import Engine
-from pipelines.store import Store
+from pipelines.core.errors import DeployError, PipelineError
+from pipelines.core.profiles import load_profile
+from pipelines.core.settings import read_settings
+from pipelines.core.site import Site
+from pipelines.engine.steps import Engine
+from pipelines.engine.store import Store
+from pipelines.stages.deploy import Deploy, DeploySettings
+from pipelines.stages.deploy.kubeobjects import LAST_APPLIED, compact, owned
+from pipelines.stages.deploy.plan import Deployment
+from pipelines.stages.deploy.records import Records
+from pipelines.stages.weights import Weights
 from pipelines.targets.kubeapi import KubeAccess
 from pipelines.targets.pruning import OWNER_LABEL
-from pipelines.weights import Weights
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE_A = "ghcr.io/lab/sparkforge/vllm-gb10-dsv41-exl3@sha256:" + "a" * 64
@@ -135,7 +135,8 @@ def deploy_stage(world: World, image: str, timeout_s: float = 5.0, **kube) -> De
     access = KubeAccess(str(world.kubeconfig), poll_s=0.001, **kube)
     site = stage.settings.site
     stage.settings = DeploySettings(site, timeout_s, "test", lambda: "0" * 40, access)
-    stage.records = Records(world.records)  # the store is shared, the history is the test's
+    # The store is shared, the history is the test's (the stage writes it, its view reads it).
+    stage.records = stage.deployed.records = Records(world.records)
     return stage
 
 
@@ -228,12 +229,12 @@ def test_a_new_image_replaces_the_jobs_and_reconfigures_the_group(world):
         )
     service = d.find("InferenceService", "dsv41-flash")
     assert service["spec"]["image"] == IMAGE_B and service["metadata"]["generation"] == 2
-    assert stored_configs(d) == configs_of(stage.candidate())
+    assert stored_configs(d) == configs_of(stage.deployed.candidate())
     assert world.tags.moves[-1] == "sha256:" + "b" * 64
 
 
 def test_a_failed_patch_job_names_its_member_and_log_and_the_earlier_state_is_restored(world):
-    before = configs_of(deploy(world, IMAGE_A).candidate())
+    before = configs_of(deploy(world, IMAGE_A).deployed.candidate())
     d = world.double
     d.script(
         "Job",
@@ -258,7 +259,7 @@ def test_a_failed_patch_job_names_its_member_and_log_and_the_earlier_state_is_re
 
 
 def test_a_group_that_is_not_ready_in_time_is_rolled_back(world):
-    before = configs_of(deploy(world, IMAGE_A).candidate())
+    before = configs_of(deploy(world, IMAGE_A).deployed.candidate())
     d = world.double
     d.script("InferenceService", "dsv41-flash", [service_status("Progressing", 2)])
     stage = deploy_stage(world, IMAGE_B, timeout_s=0.2)
@@ -334,7 +335,7 @@ def test_a_status_written_for_the_previous_spec_is_not_taken_for_ready(world):
 
 
 def test_ctrl_c_during_a_wait_deletes_what_the_deploy_created(world, monkeypatch):
-    import pipelines.deploy.kubernetes as backend
+    import pipelines.stages.deploy.kubewaits as backend
 
     def interrupt(_seconds):
         raise KeyboardInterrupt
@@ -353,7 +354,7 @@ def test_ctrl_c_during_a_wait_deletes_what_the_deploy_created(world, monkeypatch
 
 def test_strict_field_validation_refuses_an_unknown_field_before_anything_is_touched(world):
     stage = deploy_stage(world, IMAGE_A)
-    good = stage.candidate()
+    good = stage.deployed.candidate()
     docs = [json.loads(json.dumps(doc)) for doc in good.documents]
     service = next(doc for doc in docs if doc["kind"] == "InferenceService")
     service["spec"]["multiNode"]["members"][1]["fabric"]["ibHca"] = "rocep1s0f0"  # a typo
@@ -444,7 +445,7 @@ def test_no_secret_value_is_ever_sent_or_printed(world, capsys, monkeypatch):
 
 
 def test_rollback_applies_the_earlier_deployment_again_and_status_says_what_runs(world, capsys):
-    first = configs_of(deploy(world, IMAGE_A).candidate())
+    first = configs_of(deploy(world, IMAGE_A).deployed.candidate())
     deploy(world, IMAGE_B)
     stage = deploy_stage(world, IMAGE_B)
     stage.rollback()
@@ -454,7 +455,7 @@ def test_rollback_applies_the_earlier_deployment_again_and_status_says_what_runs
     assert d.find("InferenceService", "dsv41-flash")["spec"]["image"] == IMAGE_A
     assert outcomes(stage) == ["deployed", "deployed", "restored"]
     capsys.readouterr()
-    stage.status()
+    stage.deployed.status()
     stage.backend.close()
     out = capsys.readouterr().out
     assert "InferenceService/dsv41-flash: this deployment, phase Ready, 3/3 members ready" in out
@@ -488,7 +489,7 @@ STAGER = "ghcr.io/lab/sparkforge/weights-stager@sha256:" + "e" * 64
 def staged_tp3_documents(folder: Path, version: str = "") -> Path:
     """tp3-ring rendered with a complete lock (its bytes named by version) and the stager image,
     written as render writes."""
-    from pipelines.render.documents import write_documents
+    from pipelines.stages.render.documents import write_documents
 
     folder.mkdir(parents=True)
     write_documents(staged_tp3_render(version, IMAGE_A, STAGER, [SECRET]), folder)
@@ -496,7 +497,7 @@ def staged_tp3_documents(folder: Path, version: str = "") -> Path:
 
 
 def test_ring_staging_jobs_run_on_every_member_before_the_model(world, tmp_path):
-    from pipelines.deploy.kubernetes import Kubernetes
+    from pipelines.stages.deploy.kubernetes import Kubernetes
 
     folder = staged_tp3_documents(tmp_path / "render")
     profile = load_profile("tp3-ring")
@@ -553,7 +554,7 @@ def test_ring_staging_jobs_run_on_every_member_before_the_model(world, tmp_path)
 
 
 def test_a_new_lock_restages_patches_preps_every_member_and_recreates_the_group(world, tmp_path):
-    from pipelines.deploy.kubernetes import Kubernetes
+    from pipelines.stages.deploy.kubernetes import Kubernetes
 
     def deploy(folder: Path) -> dict[str, str]:
         backend = Kubernetes(load_profile("tp3-ring"), (), 5.0, access)
@@ -578,7 +579,7 @@ def test_a_new_lock_restages_patches_preps_every_member_and_recreates_the_group(
 
 
 def test_the_ring_staging_jobs_wait_on_their_own_timeout_not_the_deploys(world, tmp_path):
-    from pipelines.deploy.kubernetes import Kubernetes
+    from pipelines.stages.deploy.kubernetes import Kubernetes
 
     folder = staged_tp3_documents(tmp_path / "render")
     # Member 0 stages for 1500 reads (seconds here): far past the deploy's 0.2 s.

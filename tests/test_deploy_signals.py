@@ -22,7 +22,8 @@ def run(body: str, ignored: tuple[signal.Signals, ...] = ()) -> subprocess.Compl
             signal.signal(s, signal.SIG_IGN if s in ignored else signal.SIG_DFL)
 
     script = "import os, signal, time\n"
-    script += "from pipelines.deploy.signals import Terminated, restoring, terminate_as_interrupt\n"
+    script += "from pipelines.stages.deploy.signals import "
+    script += "Terminated, restoring, terminate_as_interrupt\n"
     return subprocess.run(
         [sys.executable, "-c", script + textwrap.dedent(body)],
         cwd=REPO,

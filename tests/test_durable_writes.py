@@ -1,4 +1,4 @@
-"""Durable writes (pipelines/files.py): a file is written whole under a temp name of its own,
+"""Durable writes (pipelines/core/files.py): a file is written whole under a temp name of its own,
 then renamed over (write_atomic) or linked in only where nothing is (create_once); a failed
 write leaves no temp file behind."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.files import create_once, write_atomic
+from pipelines.core.files import create_once, write_atomic
 
 
 def names(folder: Path) -> list[str]:

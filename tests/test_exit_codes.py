@@ -18,7 +18,7 @@ import requests
 import yaml
 from sim_server import Sim, make_model
 
-from pipelines.paths import REPO_ROOT
+from pipelines.core.paths import REPO_ROOT
 
 PROFILES = REPO_ROOT / "pipelines" / "profiles"
 SERVED = "DeepSeek-V4.1-Flash-EXL3"  # the local profile's served name
@@ -151,7 +151,7 @@ def test_a_bench_with_nothing_deployed_exits_3(tmp_path):
 
 
 def test_the_tp3_patch_alone_in_its_job_refuses_a_config_with_exit_2(tmp_path):
-    shutil.copy(REPO_ROOT / "pipelines" / "weights" / "patch.py", tmp_path / "patch.py")
+    shutil.copy(REPO_ROOT / "pipelines" / "stages" / "weights" / "patch.py", tmp_path / "patch.py")
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("[]")
@@ -160,7 +160,7 @@ def test_the_tp3_patch_alone_in_its_job_refuses_a_config_with_exit_2(tmp_path):
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 2, result.stderr
     assert result.stderr == f"error: {model / 'config.json'}: expected a JSON object\n"
-    by_module = run(tmp_path, "pipelines.weights.patch", str(model))
+    by_module = run(tmp_path, "pipelines.stages.weights.patch", str(model))
     assert (by_module.returncode, by_module.stderr) == (2, result.stderr)
 
 
@@ -168,7 +168,7 @@ def test_ctrl_c_exits_130_without_a_traceback(tmp_path):
     settings = {"SIM_SERVED_MODEL_NAME": "sim", "SIM_DECODE_TOK_S": "2", "SIM_TTFT_S": "0.01"}
     sim = Sim(make_model(tmp_path / "model"), settings)
     try:
-        command = [sys.executable, "-m", "pipelines.bench", "probes", "--url", sim.url,
+        command = [sys.executable, "-m", "pipelines.stages.bench", "probes", "--url", sim.url,
                    "--model", "sim"]  # fmt: skip
         probes = subprocess.Popen(command, cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 30

@@ -22,10 +22,16 @@ from kube_api import KubeDouble, KubeServer, job_status
 from support import stages
 
 import devstack as local_stack
-from pipelines.deploy.dockerhosts import DockerHosts
-from pipelines.deploy.plan import Deployment
-from pipelines.fabric import Fabric, fabric_refusal, fabric_verdict
-from pipelines.fabric.expect import (
+from pipelines.core.modellock import load_lock, lock_path
+from pipelines.core.paths import FABRIC_PROBE, PATCH_SOURCE, PROFILES_DIR
+from pipelines.core.profiles import ProfileError, load_profile
+from pipelines.core.site import Site
+from pipelines.engine.steps import Engine
+from pipelines.engine.store import Store
+from pipelines.stages.deploy.docker import DockerHosts
+from pipelines.stages.deploy.plan import Deployment
+from pipelines.stages.fabric import Fabric, fabric_refusal, fabric_verdict
+from pipelines.stages.fabric.expect import (
     TOLERANCE,
     TP3_MEASURED_BUSBW,
     Expectations,
@@ -34,19 +40,13 @@ from pipelines.fabric.expect import (
     failures,
     parse_expectation,
 )
-from pipelines.fabric.launch import DockerLauncher, KubernetesLauncher, MemberRun
-from pipelines.fabric.nccllog import bus_bandwidth, parse_log
-from pipelines.paths import FABRIC_PROBE, PATCH_SOURCE, PROFILES_DIR
-from pipelines.profiles import ProfileError, load_profile
-from pipelines.render import fabric as render_fabric
-from pipelines.render.documents import Document, RenderInputs
-from pipelines.render.validate import validate_documents
-from pipelines.site import Site
-from pipelines.steps import Engine
-from pipelines.store import Store
+from pipelines.stages.fabric.launch import DockerLauncher, KubernetesLauncher, MemberRun
+from pipelines.stages.fabric.nccllog import bus_bandwidth, parse_log
+from pipelines.stages.render import fabric as render_fabric
+from pipelines.stages.render.documents import Document, RenderInputs
+from pipelines.stages.render.validate import validate_documents
 from pipelines.targets.dockerengines import DockerEngines, MemberHost
 from pipelines.targets.kubeapi import KubeAccess
-from pipelines.weights.lock import load_lock, lock_path
 
 REPO = Path(__file__).resolve().parent.parent
 NCCL = REPO / "tests" / "data" / "nccl"
@@ -230,7 +230,9 @@ def rendered(name: str, image: str) -> list[Document]:
         profile.node_weights_root,
     )
     render = (
-        render_fabric.render_kubernetes if name == "tp3-ring" else render_fabric.render_dockerhosts
+        render_fabric.kubernetes_with_fabric
+        if name == "tp3-ring"
+        else render_fabric.docker_with_fabric
     )
     return render(profile, inputs, [])
 
@@ -446,7 +448,7 @@ def test_a_passing_check_lets_the_bench_start_until_a_newer_deployment(tmp_path)
 
 
 def test_deploys_published_live_record_is_the_newest_running_one_with_its_time(tmp_path):
-    from pipelines.deploy.records import Records
+    from pipelines.stages.deploy.records import Records
 
     records = Records(tmp_path / "deployments" / "tp3-ring")
     first = records.write({"outcome": "deployed", "deployment": {"key": "a" * 64}})
@@ -557,7 +559,7 @@ def test_a_profile_without_a_fabric_has_no_fabric_check():
 
 def test_saved_logs_are_checked_by_hand_with_a_profile_or_an_expectation():
     def check(*args: str) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "pipelines.fabric.check", *args]
+        command = [sys.executable, "-m", "pipelines.stages.fabric.check", *args]
         return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
 
     nvlink = check(str(NCCL / "nccltests-p2p.log"), "--expect", "P2P>=200")
@@ -604,7 +606,14 @@ def test_a_run_with_wrong_values_fails_the_check_naming_the_row_or_line(tmp_path
     assert text.count(real) == 1
     log = tmp_path / "nccltests-p2p.log"
     log.write_text(text.replace(real, corrupt))
-    command = [sys.executable, "-m", "pipelines.fabric.check", str(log), "--expect", "P2P>=200"]
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.stages.fabric.check",
+        str(log),
+        "--expect",
+        "P2P>=200",
+    ]
     run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert run.returncode == 1, run.stdout + run.stderr
     assert run.stdout.splitlines()[1:] == [line, "fabric: failed (P2P)"]

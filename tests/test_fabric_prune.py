@@ -16,11 +16,11 @@ from support import stages
 from test_deploy_diff_kubernetes import MEMBER_3, without_member_3
 from test_deploy_kubernetes import IMAGE_A, SECRET, World, deploy, deploy_stage
 
-from pipelines.fabric import Fabric
-from pipelines.fabric.launch import KubernetesLauncher
-from pipelines.profiles import load_profile
-from pipelines.steps import Engine
-from pipelines.store import Store
+from pipelines.core.profiles import load_profile
+from pipelines.engine.steps import Engine
+from pipelines.engine.store import Store
+from pipelines.stages.fabric import Fabric
+from pipelines.stages.fabric.launch import KubernetesLauncher
 from pipelines.targets.kubeapi import KubeAccess
 from pipelines.targets.pruning import PruneSettingError
 

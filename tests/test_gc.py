@@ -25,7 +25,7 @@ from support.deploying import (
     tag_digest,
 )
 
-from pipelines.images.registry import ACCEPT
+from pipelines.stages.images.registry import ACCEPT
 
 REPO = Path(__file__).resolve().parent.parent
 ORPHAN_BLOB = "ab" * 32  # a model blob no staged folder links (written by the test)
@@ -152,7 +152,7 @@ def test_gc_keeps_what_roots_reach_and_a_deploy_and_rollback_work_after(world, d
 HOLDER = """
 import sys, time
 from pathlib import Path
-from pipelines.store import Store
+from pipelines.engine.store import Store
 store = Store(Path(sys.argv[1]))
 key = sys.argv[2]
 assert store.has(key)

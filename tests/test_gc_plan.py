@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.deploy.records import CorruptDeploymentRecord
-from pipelines.errors import BadInput
+from pipelines.core.errors import BadInput
+from pipelines.core.settings import read_settings
+from pipelines.engine.gcplan import Item, Roots, freed_bytes, gc_plan, kept_step_keys, report
+from pipelines.engine.store import Store
 from pipelines.gc.builds import last_builds, log_build
 from pipelines.gc.inventory import measured_deployment, store_items
 from pipelines.gc.roots import gather_roots, manifest_layers
 from pipelines.gc.tags import DAY_S, first_seen, read_ledger, tag_items, tag_roots
-from pipelines.gcplan import Item, Roots, freed_bytes, gc_plan, kept_step_keys, report
-from pipelines.settings import read_settings
-from pipelines.store import Store
+from pipelines.stages.deploy.records import CorruptDeploymentRecord
 
 REPO = Path(__file__).resolve().parent.parent
 STEP = Item("step", "steps/aaaa (render)", 100, ("step:aa", "deployment:dd"))
@@ -189,7 +189,7 @@ def test_a_bad_tag_days_setting_is_one_line(value):
 ALONE = """
 import sys
 from pathlib import Path
-from pipelines.store import Store
+from pipelines.engine.store import Store
 store = Store(Path(sys.argv[1]))
 with store.alone("gc"):
     print("alone", flush=True)
@@ -198,7 +198,7 @@ with store.alone("gc"):
 USER = """
 import sys, time
 from pathlib import Path
-from pipelines.store import Store
+from pipelines.engine.store import Store
 Store(Path(sys.argv[1]))
 print("opened", flush=True)
 """
@@ -239,7 +239,7 @@ def test_a_normalized_layer_stays_while_a_kept_image_names_its_blob(tmp_path):
     import tarfile
 
     from pipelines.gc.collect import collect
-    from pipelines.images.layer_cache import LayerCache
+    from pipelines.stages.images.layer_cache import LayerCache
 
     store = Store(tmp_path / "store")
     tar_path = tmp_path / "layer.tar"

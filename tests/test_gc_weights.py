@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipelines.engine.gcplan import gc_plan
+from pipelines.engine.store import Store
 from pipelines.gc.checkout import Checkout
 from pipelines.gc.collect import collect, remove_model_folder, remove_partial
 from pipelines.gc.inventory import store_items
 from pipelines.gc.roots import gather_roots
-from pipelines.gcplan import gc_plan
-from pipelines.store import Store
-from pipelines.weights.blobs import BlobStore
+from pipelines.stages.weights.blobs import BlobStore
 
 REPO = Path(__file__).resolve().parent.parent
 LOCAL_SOURCE = yaml.safe_load((REPO / "pipelines/profiles/local.yaml").read_text())["model"][

@@ -17,25 +17,25 @@ from support import stages
 from support.stack import delete_repository
 
 import devstack as local_stack
-from pipelines.errors import BadInput
-from pipelines.images import Images
-from pipelines.images.build import (
+from pipelines.core.errors import BadInput
+from pipelines.core.paths import RECEIPT
+from pipelines.core.profiles import load_profile
+from pipelines.core.schema import replace
+from pipelines.core.settings import read_settings
+from pipelines.core.site import Site
+from pipelines.engine.steps import Engine
+from pipelines.engine.store import Store
+from pipelines.stages.images import Images
+from pipelines.stages.images.build import (
     build_image,
     buildx_available,
     buildx_command,
     choose_builder,
 )
-from pipelines.images.dockerfile import check_contents, check_froms
-from pipelines.images.registry import Registry
-from pipelines.images.registry_cache import RegistryCache
-from pipelines.images.spec import ImageError, load_image
-from pipelines.paths import RECEIPT
-from pipelines.profiles import load_profile
-from pipelines.schema import replace
-from pipelines.settings import read_settings
-from pipelines.site import Site
-from pipelines.steps import Engine
-from pipelines.store import Store
+from pipelines.stages.images.dockerfile import check_contents, check_froms
+from pipelines.stages.images.registry import Registry
+from pipelines.stages.images.registry_cache import RegistryCache
+from pipelines.stages.images.spec import ImageError, load_image
 
 
 class ImagesOf(Images):
@@ -281,7 +281,7 @@ def test_unreachable_registry_is_one_clear_line():
 
 
 def test_context_tar_ignores_what_dockerignore_lists(tmp_path):
-    from pipelines.images.context import context_files
+    from pipelines.stages.images.context import context_files
 
     (tmp_path / "Dockerfile").write_text("FROM scratch\n")
     (tmp_path / "keep.txt").write_text("k")
@@ -391,8 +391,8 @@ def test_a_runner_with_an_empty_store_restores_the_layers_another_normalized(
 ):
     # CI's runners start empty: the normalized layers travel in the remote cache, so a second
     # runner re-compresses nothing and pushes the same image.
-    from pipelines.cache import remote_cache
-    from pipelines.namedkeys import keygen
+    from pipelines.core.signing.namedkeys import keygen
+    from pipelines.engine.remote import remote_cache
 
     public = keygen("layers-test", tmp_path / "key")
     url = f"s3://models/layer-cache-test-{uuid.uuid4().hex[:8]}"
@@ -434,9 +434,9 @@ def test_a_runner_with_an_empty_store_restores_the_layers_another_normalized(
 def test_a_build_for_arm64_where_emulation_is_missing_is_one_line_saying_what_to_run(
     entry, says, tmp_path, monkeypatch
 ):
-    from pipelines.images import emulation
-    from pipelines.images.base import build_base
-    from pipelines.images.inputs import debian_arch
+    from pipelines.stages.images import emulation
+    from pipelines.stages.images.base import build_base
+    from pipelines.stages.images.inputs import debian_arch
 
     foreign = "arm64" if debian_arch() == "amd64" else "amd64"
     handler = tmp_path / f"qemu-{emulation.QEMU_NAMES[foreign]}"

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.images.spec import ImageError, load_image
-from pipelines.images.wheels import download_command, download_wheels
-from pipelines.paths import IMAGES_DIR, REPO_ROOT
+from pipelines.core.paths import IMAGES_DIR, REPO_ROOT
+from pipelines.stages.images.spec import ImageError, load_image
+from pipelines.stages.images.wheels import download_command, download_wheels
 
 STAGER = "weights-stager"
 PIN = re.compile(r"^([A-Za-z0-9_.-]+)==(\S+)")
@@ -53,15 +53,15 @@ def member_lib(lib: Path) -> Path:
 
 
 def member_imports(lib: Path) -> dict[str, str]:
-    """Module -> file of everything `python -m pipelines.weights.ring` imports (modules with a
-    file only), asked of a Python that has only what the member's has: the standard library,
+    """Module -> file of everything the ring member (stages/weights/ring.py) imports (modules with
+    a file only), asked of a Python that has only what the member's has: the standard library,
     the stager's wheels (member_lib) and this checkout's code."""
     # -I -S: no site-packages, no .pth (the venv's editable install names the main checkout),
     # no PYTHONPATH. What the venv has beyond the wheels (pyOpenSSL, which botocore imports
     # only where it is installed) cannot be imported, as in the image.
     code = (
         f"import sys; sys.path[:0] = [{str(lib)!r}, {str(REPO_ROOT)!r}];"
-        "import json, pipelines.weights.ring;"
+        "import json, pipelines.stages.weights.ring;"
         "print(json.dumps({n: m.__file__ for n, m in sys.modules.items()"
         " if getattr(m, '__file__', None)}))"
     )
@@ -85,8 +85,8 @@ def test_the_image_carries_exactly_the_members_import_closure_and_what_it_stages
     image = load_image(STAGER)
     closure = member_closure(member_lib(tmp_path))
     # stage.py is imported only once the member is complete (--stage-into).
-    assert set(image.spec.project_files) == closure | {"pipelines/weights/stage.py"}
-    assert "pipelines/weights/tasks.py" not in closure  # no doit in the member
+    assert set(image.spec.project_files) == closure | {"pipelines/stages/weights/stage.py"}
+    assert "pipelines/stages/weights/tasks.py" not in closure  # no doit in the member
 
 
 def test_the_images_wheels_are_requirements_lock_pins_and_hashes():
@@ -138,8 +138,8 @@ def test_a_wheel_whose_hash_differs_is_refused_naming_the_requirements_file(tmp_
     ("change", "message"),
     [
         (
-            lambda spec: spec["project_files"].append("pipelines/weights/nothing.py"),
-            r"field 'project_files\[\d+\]': 'pipelines/weights/nothing.py' is not a file",
+            lambda spec: spec["project_files"].append("pipelines/stages/weights/nothing.py"),
+            r"field 'project_files\[\d+\]': 'pipelines/stages/weights/nothing.py' is not a file",
         ),
         (
             lambda spec: spec["wheels"].update(requirements="missing.txt"),

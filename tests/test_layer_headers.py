@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from support import stages
 
-from pipelines.images import Images
-from pipelines.images.oci import normalize_layer
-from pipelines.profiles import load_profile
-from pipelines.steps import Engine
-from pipelines.store import Store
+from pipelines.core.profiles import load_profile
+from pipelines.engine.steps import Engine
+from pipelines.engine.store import Store
+from pipelines.stages.images import Images
+from pipelines.stages.images.oci import normalize_layer
 
 # `setcap cap_net_bind_service+ep`: VFS_CAP_REVISION_2 with the effective flag, then permitted
 # bit 10; the kernel's own 20-byte layout, not valid UTF-8 (as most capability values are not).
@@ -94,7 +94,7 @@ def test_another_zlib_gives_the_base_and_the_image_other_keys(tmp_path, monkeypa
 @pytest.mark.parametrize("tar_filter", ["data", "fully_trusted"])
 def test_a_tar_is_extracted_on_a_python_without_tar_filters(tmp_path, monkeypatch, tar_filter):
     # Debian bookworm's python3 (3.11.2) predates PEP 706: no filters, no filter= argument.
-    from pipelines.images.oci import extract_tar
+    from pipelines.stages.images.oci import extract_tar
 
     made = tmp_path / "made.tar"
     with tarfile.open(made, "w") as tar:

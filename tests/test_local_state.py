@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 import tracemalloc
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,19 +18,24 @@ from typing import Any
 import pytest
 from support.doit import run_doit
 
-from pipelines.deploy.plan import read_documents
-from pipelines.deploy.records import Records
-from pipelines.errors import BadInput, DeployError
-from pipelines.fabric.records import fabric_refusal, fabric_verdict, results_folder
-from pipelines.fabric.tasks import FabricDocumentsError, fabric_documents
-from pipelines.files import read_capped
-from pipelines.profiles import PROFILES_DIR, ProfileError, load_profile
-from pipelines.schema import YAML_MAX_DEPTH, YAML_MAX_NODES
-from pipelines.steps import Engine, Step
-from pipelines.store import Store
-from pipelines.weights.lock import LockError, load_lock
-from pipelines.weights.patch import PatchError, read_config, read_overrides
-from pipelines.weights.ring import STATUS_MAX_BYTES, BadPeerStatus, RingStager, read_peer_status
+from pipelines.core.errors import BadInput, DeployError
+from pipelines.core.files import read_capped
+from pipelines.core.modellock import LockError, load_lock
+from pipelines.core.profiles import PROFILES_DIR, ProfileError, load_profile
+from pipelines.core.schema import YAML_MAX_DEPTH, YAML_MAX_NODES
+from pipelines.engine.steps import Engine, Step
+from pipelines.engine.store import Store
+from pipelines.stages.deploy.plan import read_documents
+from pipelines.stages.deploy.records import Records
+from pipelines.stages.fabric.records import fabric_refusal, fabric_verdict, results_folder
+from pipelines.stages.fabric.tasks import FabricDocumentsError, fabric_documents
+from pipelines.stages.weights.patch import PatchError, read_config, read_overrides
+from pipelines.stages.weights.peerwatch import (
+    STATUS_MAX_BYTES,
+    BadPeerStatus,
+    PeerWatch,
+    read_peer_status,
+)
 
 SHA = "ab" * 32
 
@@ -287,8 +291,8 @@ DODO = textwrap.dedent(
     import os
     from pathlib import Path
     from doit import get_var
-    from pipelines.steps import Engine, Step
-    from pipelines.store import Store
+    from pipelines.engine.steps import Engine, Step
+    from pipelines.engine.store import Store
 
     DOIT_CONFIG = {"dep_file": os.environ["SPARKFORGE_STORE"] + "/doit.sqlite3"}
     ENGINE = Engine(Store(Path(os.environ["SPARKFORGE_STORE"])), root=Path(__file__).parent)
@@ -400,24 +404,20 @@ class Answer:
 
 
 def polled(data: bytes) -> SimpleNamespace:
-    """A stager that knew peer 1 had a blob and was done, after peer 1 answers data."""
+    """A member's watch that knew peer 1 had a blob and was done, after peer 1 answers data."""
     answer = Answer(data)
     peer = SimpleNamespace(
         pool=SimpleNamespace(request=lambda *a, **k: answer), base="http://p1", label="p1"
     )
-    stager = SimpleNamespace(
-        answer=answer,
-        peers={1: peer},
-        statuses={1: {"published": [SHA], "complete": True, "done": 5, "from_s3": 5}},
-        answering=set(),
-        fetching={},
-        _seen=threading.Lock(),
-    )
+    watch = PeerWatch({1: peer}, {1: "p1"}, 0.1, lambda line: None)  # type: ignore[dict-item]
+    watch.statuses = {1: {"published": [SHA], "complete": True, "done": 5, "from_s3": 5}}
+    seen = SimpleNamespace(answer=answer, watch=watch)
     try:
-        RingStager.refresh_peer(stager, 1)  # type: ignore[arg-type]
+        watch.refresh(1)
     except BadPeerStatus as err:
-        stager.said = str(err)
-    return stager
+        seen.said = str(err)
+    seen.statuses, seen.fetching = watch.statuses, watch.fetching
+    return seen
 
 
 def test_a_peer_answering_done_1e99_counts_as_having_nothing_never_a_type_error():
@@ -514,7 +514,7 @@ def test_a_bad_ring_plan_is_one_line_with_exit_code_2(tmp_path, size, text, said
     else:
         plan.write_text(text)
     result = subprocess.run(
-        [sys.executable, "-m", "pipelines.weights.ring", "--plan", str(plan), "--rank", "0"]
+        [sys.executable, "-m", "pipelines.stages.weights.ring", "--plan", str(plan), "--rank", "0"]
         + ["--root", str(tmp_path / "root")],
         capture_output=True,
         text=True,

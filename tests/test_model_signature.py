@@ -1,4 +1,4 @@
-"""The model's signature (pipelines/weights/signature.py): the local profile's synthetic model,
+"""The model's signature (stages/weights/signature.py): the local profile's synthetic model,
 made small on disk, signed from its lock and its staged folder verified with the OpenSSF model
 signing library; each refusal one line; the library's own CLI accepts what the project signs."""
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.errors import BadInput
-from pipelines.settings import read_settings
-from pipelines.weights.lock import Lock, LockEntry
-from pipelines.weights.modelkeys import (
+from pipelines.core.errors import BadInput
+from pipelines.core.modellock import Lock, LockEntry
+from pipelines.core.settings import read_settings
+from pipelines.stages.weights.modelkeys import (
     generate_model_key,
     local_model_key,
     model_public_key,
@@ -26,14 +26,14 @@ from pipelines.weights.modelkeys import (
     model_trusted,
     trusted_model_keys,
 )
-from pipelines.weights.signature import (
+from pipelines.stages.weights.signature import (
     ModelSignatureError,
     check_folder,
     check_lock_signed,
     sign_lock,
     signed_manifest,
 )
-from pipelines.weights.synthetic import SyntheticShape, shard_chunks, shard_name, small_files
+from pipelines.stages.weights.synthetic import SyntheticShape, shard_chunks, shard_name, small_files
 
 SOURCE = "s3://models/test/DeepSeek-V4.1-Flash-synthetic"
 # The synthetic model's files, tiny: three shards are enough to have something to miss.

@@ -10,10 +10,10 @@ import stat
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from pipelines.errors import BadInput
-from pipelines.namedkeys import keygen, public_key, signing_key, trusted_keys
-from pipelines.provenance.keyring import attestation_signer, deploy_trusted, local_key
-from pipelines.settings import read_settings
+from pipelines.core.errors import BadInput
+from pipelines.core.settings import read_settings
+from pipelines.core.signing.keyring import attestation_signer, deploy_trusted, local_key
+from pipelines.core.signing.namedkeys import keygen, public_key, signing_key, trusted_keys
 
 SEED = bytes(range(32))
 

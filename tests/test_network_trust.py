@@ -39,13 +39,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from support.registry_server import start_registry
 
-from pipelines.errors import BadInput, DeployUnreachable
-from pipelines.images.registry import Registry
-from pipelines.images.spec import ImageBadInput, ImageError
-from pipelines.profiles import parse_profile
-from pipelines.progress import NoProgress
+from pipelines.core.errors import BadInput, DeployUnreachable
+from pipelines.core.profiles import parse_profile
+from pipelines.core.progress import NoProgress
+from pipelines.stages.images.registry import Registry
+from pipelines.stages.images.spec import ImageBadInput, ImageError
+from pipelines.stages.weights.blobserver import BlobServer, BlobServerError
 from pipelines.targets.dockerengines import DockerEngines, MemberHost
-from pipelines.weights.blobserver import BlobServer, BlobServerError
 
 REPO = Path(__file__).resolve().parent.parent
 USER = "sparkforge-ci"

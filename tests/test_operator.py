@@ -16,26 +16,26 @@ import pytest
 import yaml
 from support import stages
 
-from pipelines.errors import PipelineError
-from pipelines.paths import LLMKUBE_SCHEMAS_DIR, PATCH_SOURCE, PROFILES_DIR
-from pipelines.profiles import load_profile
-from pipelines.render import Render
-from pipelines.render.cache_mounts import check_cache_mounts
-from pipelines.render.crd_schema import (
+from pipelines.core.errors import PipelineError
+from pipelines.core.modellock import load_lock, lock_path
+from pipelines.core.paths import LLMKUBE_SCHEMAS_DIR, PATCH_SOURCE, PROFILES_DIR
+from pipelines.core.profiles import load_profile
+from pipelines.engine.steps import Engine
+from pipelines.engine.store import Store
+from pipelines.stages.render import Render
+from pipelines.stages.render.cache_mounts import check_cache_mounts
+from pipelines.stages.render.crd_schema import (
     OVERLAY,
     apply_overlay,
     check_crd_schema,
     operator_schema,
     read_json,
 )
-from pipelines.render.crds import DeriveError, derive, derive_kind
-from pipelines.render.documents import Document
-from pipelines.render.kubernetes import render_kubernetes
-from pipelines.render.operator_rules import cel_rules, check_admission, check_operator_rules
-from pipelines.render.validate import validate_layers
-from pipelines.steps import Engine
-from pipelines.store import Store
-from pipelines.weights.lock import load_lock, lock_path
+from pipelines.stages.render.crds import DeriveError, derive, derive_kind
+from pipelines.stages.render.documents import Document
+from pipelines.stages.render.kubernetes import render_kubernetes
+from pipelines.stages.render.operator_rules import cel_rules, check_admission, check_operator_rules
+from pipelines.stages.render.validate import validate_layers
 
 REPO = Path(__file__).resolve().parent.parent
 KNOWN_GOOD = Path(__file__).parent / "data" / "operator" / "known-good.yaml"
@@ -647,9 +647,9 @@ def checkable_operator(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def crds_check(repo: Path, schemas: Path) -> subprocess.CompletedProcess:
-    """`python -m pipelines.render.crds check` as a person runs it by hand."""
+    """`python -m pipelines.stages.render.crds check` as a person runs it by hand."""
     return subprocess.run(
-        [sys.executable, "-m", "pipelines.render.crds", "check", "--operator", str(repo),
+        [sys.executable, "-m", "pipelines.stages.render.crds", "check", "--operator", str(repo),
          "--schemas", str(schemas)],
         cwd=REPO, capture_output=True, text=True,
     )  # fmt: skip

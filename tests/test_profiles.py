@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from support.doit import run_doit
 
-from pipelines.profiles import PROFILES_DIR, ProfileError, available_profiles, load_profile
+from pipelines.core.profiles import PROFILES_DIR, ProfileError, available_profiles, load_profile
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -69,8 +69,8 @@ def test_the_facts_the_code_cites_are_on_the_projects_own_page():
             sections += 1
     assert sections >= 5
     # The figures the code and profiles gate on are the page's.
-    from pipelines.fabric.expect import TP3_MEASURED_BUSBW
-    from pipelines.settings import DEPLOY_TIMEOUT_S
+    from pipelines.core.settings import DEPLOY_TIMEOUT_S
+    from pipelines.stages.fabric.expect import TP3_MEASURED_BUSBW
 
     page = FACTS.read_text()
     assert f"**{TP3_MEASURED_BUSBW} GB/s**" in page

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support.attestations import attach, attached, envelope, local_key, pae, statement_of
 from support.deploying import derived_image, doit, member, records, tag_digest
 
-from pipelines.weights.lock import cache_key
+from pipelines.core.modellock import cache_key
 
 pytestmark = pytest.mark.stack
 

@@ -9,8 +9,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support.attestations import envelope
 
-from pipelines.namedkeys import PublicKey
-from pipelines.provenance import check_image
+from pipelines.core.signing.namedkeys import PublicKey
+from pipelines.stages.provenance import check_image
 
 SEED = bytes(range(32))
 DIGEST = "sha256:" + "ab" * 32

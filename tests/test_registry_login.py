@@ -13,9 +13,9 @@ import bcrypt
 import pytest
 from support.registry_server import start_registry
 
-from pipelines.images.oci import assemble, write_layer
-from pipelines.images.registry import Registry
-from pipelines.images.spec import ImageError
+from pipelines.stages.images.oci import assemble, write_layer
+from pipelines.stages.images.registry import Registry
+from pipelines.stages.images.spec import ImageError
 
 USER = "sparkforge-ci"
 

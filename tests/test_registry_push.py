@@ -10,8 +10,8 @@ import os
 
 from support.cutting_proxy import CuttingProxy
 
-from pipelines.images.registry import Registry
-from pipelines.progress import NoProgress
+from pipelines.core.progress import NoProgress
+from pipelines.stages.images.registry import Registry
 
 MiB = 1 << 20
 

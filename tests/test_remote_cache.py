@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from support.doit import run_doit
 
-from pipelines.cache import remote_cache
-from pipelines.cache.entries import MAX_INDEX_BYTES, EntryRefused, check_entry, parse_index
-from pipelines.cache.signing import cache_signing_key, sign
-from pipelines.errors import PipelineError
-from pipelines.keys import canonical_json
-from pipelines.namedkeys import keygen
+from pipelines.core.errors import PipelineError
+from pipelines.core.signing.namedkeys import keygen
+from pipelines.engine.keys import canonical_json
+from pipelines.engine.remote import remote_cache
+from pipelines.engine.remote.entries import MAX_INDEX_BYTES, EntryRefused, check_entry, parse_index
+from pipelines.engine.remote.signing import cache_signing_key, sign
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "models"  # the stack's bucket; every test works under a prefix of its own
@@ -386,8 +386,8 @@ def test_settings_are_refused_in_one_line(keys):
 
 
 def test_a_restore_killed_or_refused_midway_leaves_no_output(tmp_path):
-    from pipelines.cache.entries import EntryRefused
-    from pipelines.store import Store
+    from pipelines.engine.remote.entries import EntryRefused
+    from pipelines.engine.store import Store
 
     key = "ab" * 32
     record = {"name": "render", "key": key, "started": 0.0, "finished": 0.0}
@@ -411,7 +411,8 @@ def test_a_restore_killed_or_refused_midway_leaves_no_output(tmp_path):
         [
             sys.executable,
             "-c",
-            "import os, signal, sys; from pathlib import Path; from pipelines.store import Store;"
+            "import os, signal, sys; from pathlib import Path;"
+            "from pipelines.engine.store import Store;"
             "s = Store(Path(sys.argv[1]));"
             "s.restore(sys.argv[2], lambda out: ((out / 'a').write_text('x'),"
             " os.kill(os.getpid(), signal.SIGKILL)))",
@@ -432,7 +433,7 @@ def test_a_file_over_one_part_goes_up_in_checksummed_parts_once(
 ):
     # A GB10 layer can be over the 5 GiB one PUT takes: parts, each with its SHA-256, and the
     # stored composite checksum is what lets the next writer skip it.
-    from pipelines.cache import remote
+    from pipelines.engine.remote import remote
 
     monkeypatch.setattr(remote, "PART", 5 << 20)  # S3's smallest part
     prefix = f"parts-test-{uuid.uuid4().hex[:8]}"
@@ -468,8 +469,8 @@ def test_a_layer_entry_that_lies_about_its_bytes_is_refused_and_normalized_here(
 ):
     import tarfile
 
-    from pipelines.images.layer_cache import LayerCache, layer_key
-    from pipelines.store import Store
+    from pipelines.engine.store import Store
+    from pipelines.stages.images.layer_cache import LayerCache, layer_key
 
     layer_tar = tmp_path / "layer.tar"
     with tarfile.open(layer_tar, "w") as tar:
@@ -528,7 +529,7 @@ def damaged_layer(tmp_path: Path, damage: str) -> Path:
     """A normalized layer's output folder (blob + layer.json), then damaged one way."""
     import tarfile
 
-    from pipelines.images.oci import normalize_layer
+    from pipelines.stages.images.oci import normalize_layer
 
     tar_path, out = tmp_path / "layer.tar", tmp_path / "out"
     out.mkdir(parents=True)
@@ -574,7 +575,7 @@ def damaged_layer(tmp_path: Path, damage: str) -> Path:
     ],
 )
 def test_a_restored_layer_is_checked_byte_for_byte(tmp_path, damage, reason):
-    from pipelines.images.layer_cache import BadLayer, check_layer
+    from pipelines.stages.images.layer_cache import BadLayer, check_layer
 
     with pytest.raises(BadLayer) as refused:
         check_layer(damaged_layer(tmp_path, damage))

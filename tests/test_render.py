@@ -15,26 +15,26 @@ from staged_tp3 import staged_tp3_render
 from support import stages
 from support.doit import run_doit
 
-from pipelines.errors import PipelineError
-from pipelines.paths import PATCH_SOURCE, PROFILES_DIR, RENDER_DIR
-from pipelines.profiles import ProfileError, load_profile, parse_profile
-from pipelines.render import Render
-from pipelines.render.crd_schema import apply_overlay
-from pipelines.render.dockerhosts import launch_plans
-from pipelines.render.documents import Document, RenderError, write_documents
-from pipelines.render.kubernetes import render_kubernetes
-from pipelines.render.validate import (
+from pipelines.core.errors import PipelineError
+from pipelines.core.modellock import load_lock, lock_path
+from pipelines.core.paths import PATCH_SOURCE, PROFILES_DIR, RENDER_DIR
+from pipelines.core.profiles import ProfileError, load_profile, parse_profile
+from pipelines.core.schema import replace
+from pipelines.engine.steps import Engine
+from pipelines.engine.store import Store
+from pipelines.stages.render import Render
+from pipelines.stages.render.crd_schema import apply_overlay
+from pipelines.stages.render.docker import launch_plans
+from pipelines.stages.render.documents import Document, RenderError, write_documents
+from pipelines.stages.render.kubernetes import render_kubernetes
+from pipelines.stages.render.validate import (
     ROCE_DEVICES,
     check_operator_rules,
     check_schema,
     validate_documents,
     violation,
 )
-from pipelines.schema import replace
-from pipelines.steps import Engine
-from pipelines.store import Store
 from pipelines.targets import renderer_for
-from pipelines.weights.lock import load_lock, lock_path
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE = "ghcr.io/lab/sparkforge/vllm-gb10-dsv41-exl3@sha256:" + "c" * 64
@@ -227,7 +227,7 @@ def test_a_change_to_the_renderers_code_changes_the_render_key_and_bytecode_does
 ):
     code = tmp_path / "render"
     shutil.copytree(RENDER_DIR, code, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr("pipelines.render.tasks.RENDER_DIR", code)
+    monkeypatch.setattr("pipelines.stages.render.tasks.RENDER_DIR", code)
     profile = load_profile("tp3-ring")
 
     def key() -> str:

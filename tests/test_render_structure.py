@@ -26,20 +26,19 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from pipelines.profiles import Profile, load_profile
-from pipelines.render import kubernetes
-from pipelines.render.dockerhosts import simulator_plans
-from pipelines.render.documents import (
+from pipelines.core.modellock import Lock, cache_key, load_lock, lock_path
+from pipelines.core.profiles import Profile, load_profile
+from pipelines.stages.render import kubernetes
+from pipelines.stages.render.docker import simulator_plans
+from pipelines.stages.render.documents import (
     Document,
     RenderError,
     render_template,
     template_env,
     tojson,
 )
-from pipelines.render.fabric import fabric_jobs
-from pipelines.render.kubernetes import STAGE_JOB_ANNOTATION, render_kubernetes
-from pipelines.weights import cache_key
-from pipelines.weights.lock import Lock, load_lock, lock_path
+from pipelines.stages.render.fabric import fabric_jobs
+from pipelines.stages.render.kubernetes import STAGE_JOB_ANNOTATION, render_kubernetes
 
 # Hypothesis keeps a cache of each module's constants in its storage folder, ./.hypothesis by
 # default: outside the work tree instead (set before its first use, which is in a test).

@@ -23,16 +23,16 @@ from support.reproducible import (
 from support.stages import ImageAt
 from support.variations import DAYS, YEARS
 
-from pipelines.deploy.ringstage import (
+from pipelines.core.site import Site
+from pipelines.engine.steps import Engine
+from pipelines.engine.store import Store
+from pipelines.stages.deploy.ringstage import (
     PLAN_PARENT,
     plan_archive,
     s3_environment,
     stager_command,
 )
-from pipelines.site import Site
-from pipelines.steps import Engine
-from pipelines.store import Store
-from pipelines.weights.ringplan import RingNode, plan_json, plan_ring
+from pipelines.stages.weights.ringplan import RingNode, plan_json, plan_ring
 
 PLATFORM, ARCH = "linux/arm64", "arm64"
 DEBS = REPO / ".cache" / "debs"

@@ -416,8 +416,8 @@ def test_client_gone_mid_stream_frees_its_slot(start) -> None:
 
 
 def test_rendered_launch_plan_sets_every_timing_field_the_server_reads() -> None:
-    from pipelines.profiles import load_profile
-    from pipelines.render.dockerhosts import simulator_plans
+    from pipelines.core.profiles import load_profile
+    from pipelines.stages.render.docker import simulator_plans
 
     profile = load_profile("local")
     sim = profile.simulator
@@ -442,7 +442,7 @@ def test_rendered_launch_plan_sets_every_timing_field_the_server_reads() -> None
 
 
 def test_deploys_health_check_says_why_a_member_does_not_serve_yet(start, sim: Sim) -> None:
-    from pipelines.deploy.health import serves, smoke
+    from pipelines.stages.deploy.health import serves, smoke
 
     assert serves(sim.url, "sim") is None
     assert serves(sim.url, "other") == "/v1/models lists ['sim'], expected 'other'"
@@ -458,8 +458,8 @@ def test_deploys_health_check_says_why_a_member_does_not_serve_yet(start, sim: S
 
 
 def test_a_smoke_completion_without_text_fails_the_deploy_in_one_line(start) -> None:
-    from pipelines.deploy.health import smoke
-    from pipelines.errors import DeployError
+    from pipelines.core.errors import DeployError
+    from pipelines.stages.deploy.health import smoke
 
     silent = start(SIM_MISSING_ROUTES="/v1/chat/completions")
     with pytest.raises(DeployError) as err:

@@ -17,19 +17,19 @@ import pytest
 from keying import read_chars
 from support.doit import run_doit
 
-from pipelines import statcache
-from pipelines.keys import canonical_json, key_material, step_key
-from pipelines.statcache import StatCache, stat_key
-from pipelines.steps import Engine, Step
-from pipelines.store import Store
+from pipelines.engine import statcache
+from pipelines.engine.keys import canonical_json, key_material, step_key
+from pipelines.engine.statcache import StatCache, stat_key
+from pipelines.engine.steps import Engine, Step
+from pipelines.engine.store import Store
 
 DODO = textwrap.dedent(
     """
     import os, time
     from pathlib import Path
     from doit import get_var
-    from pipelines.steps import Engine, Step
-    from pipelines.store import Store
+    from pipelines.engine.steps import Engine, Step
+    from pipelines.engine.store import Store
 
     DOIT_CONFIG = {"dep_file": os.environ["SPARKFORGE_STORE"] + "/doit.sqlite3"}
     ENGINE = Engine(Store(Path(os.environ["SPARKFORGE_STORE"])), root=Path(__file__).parent)
@@ -208,9 +208,9 @@ DODO_CHAIN = textwrap.dedent(
     """
     import hashlib, json, os
     from pathlib import Path
-    from pipelines.errors import PipelineError
-    from pipelines.steps import Engine, Step, side_task
-    from pipelines.store import Store
+    from pipelines.core.errors import PipelineError
+    from pipelines.engine.steps import Engine, Step, side_task
+    from pipelines.engine.store import Store
 
     HERE = Path(__file__).parent
     DOIT_CONFIG = {"dep_file": os.environ["SPARKFORGE_STORE"] + "/doit.sqlite3"}

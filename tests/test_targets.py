@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from support import stages
 
-from pipelines.deploy.backends import backend_for
-from pipelines.fabric import Fabric
-from pipelines.profiles import load_profile
-from pipelines.steps import Engine
-from pipelines.store import Store
+from pipelines.core.profiles import load_profile
+from pipelines.engine.steps import Engine
+from pipelines.engine.store import Store
+from pipelines.stages.deploy.backends import backend_for
+from pipelines.stages.fabric import Fabric
 from pipelines.targets import TARGETS, load, target_of
 from pipelines.targets.kubeapi import KubeAccess
 
@@ -62,6 +62,6 @@ def test_each_profile_gets_its_targets_backend_and_launcher(tmp_path, name, back
 
 def fabric_launcher(fabric: Fabric):
     """The launcher the fabric check would run its documents with."""
-    from pipelines.fabric.tasks import default_launcher
+    from pipelines.stages.fabric.tasks import default_launcher
 
     return default_launcher(fabric.profile, fabric.settings)

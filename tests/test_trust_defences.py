@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from support.doit import run_doit
 
-from pipelines.statcache import StatCache
-from pipelines.weights.blobs import BlobStore
-from pipelines.weights.blobserver import BlobServer
-from pipelines.weights.lock import load_lock, lock_path
-from pipelines.weights.synthetic import (
+from pipelines.core.modellock import load_lock, lock_path
+from pipelines.engine.statcache import StatCache
+from pipelines.stages.weights.blobs import BlobStore
+from pipelines.stages.weights.blobserver import BlobServer
+from pipelines.stages.weights.synthetic import (
     SHARDS,
     SyntheticShape,
     md5sums,

@@ -22,26 +22,26 @@ import urllib3.response
 from keying import read_chars
 from support.model_bucket import fetch, fresh_source
 
-from pipelines.errors import PipelineError
-from pipelines.progress import NoProgress
-from pipelines.schema import as_data, replace
-from pipelines.statcache import StatCache
-from pipelines.weights import fetch as fetch_module
-from pipelines.weights import sources as sources_module
-from pipelines.weights.blobs import BlobStore
-from pipelines.weights.fetch import FetchError, fetch_lock, plan_ranges
-from pipelines.weights.lock import (
+from pipelines.core.errors import PipelineError
+from pipelines.core.modellock import (
     Lock,
     cache_key,
     load_lock,
     lock_path,
 )
-from pipelines.weights.options import FetchOptions
-from pipelines.weights.ranges import direct_readinto, fill
-from pipelines.weights.s3 import S3Url
-from pipelines.weights.sources import S3Source
-from pipelines.weights.stage import is_staged, stage, stage_plan
-from pipelines.weights.synthetic import (
+from pipelines.core.progress import NoProgress
+from pipelines.core.schema import as_data, replace
+from pipelines.engine.statcache import StatCache
+from pipelines.stages.weights import fetch as fetch_module
+from pipelines.stages.weights import sources as sources_module
+from pipelines.stages.weights.blobs import BlobStore
+from pipelines.stages.weights.fetch import FetchError, fetch_lock, plan_ranges
+from pipelines.stages.weights.options import FetchOptions
+from pipelines.stages.weights.ranges import direct_readinto, fill
+from pipelines.stages.weights.s3 import S3Url
+from pipelines.stages.weights.sources import S3Source
+from pipelines.stages.weights.stage import is_staged, stage, stage_plan
+from pipelines.stages.weights.synthetic import (
     config_json,
     model_names,
 )
@@ -129,12 +129,12 @@ KILLABLE_FETCH = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from pipelines.statcache import StatCache
-    from pipelines.weights.blobs import BlobStore
-    from pipelines.weights.fetch import fetch_lock
-    from pipelines.weights.options import FetchOptions
-    from pipelines.weights.s3 import s3_client
-    from pipelines.weights.lock import load_lock
+    from pipelines.engine.statcache import StatCache
+    from pipelines.stages.weights.blobs import BlobStore
+    from pipelines.stages.weights.fetch import fetch_lock
+    from pipelines.stages.weights.options import FetchOptions
+    from pipelines.stages.weights.s3 import s3_client
+    from pipelines.core.modellock import load_lock
     lock = load_lock(Path(sys.argv[1]))
     blobs = BlobStore(sys.argv[2], StatCache(sys.argv[3]))
     rate = float(sys.argv[4]) if len(sys.argv) > 4 else 4e6
@@ -567,7 +567,7 @@ def test_the_range_buffers_are_unmapped_off_the_fetchs_path(s3, synthetic, blobs
 
 PROGRESS = textwrap.dedent(
     """
-    from pipelines.progress import Progress
+    from pipelines.core.progress import Progress
     p = Progress("fetch m", 100 << 20, {"big": 100 << 20}, interval=0.1)
     for i in range(10):
         p.advance("big", 10 << 20)

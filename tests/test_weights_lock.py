@@ -9,12 +9,12 @@ import os
 import pytest
 from keying import read_chars
 
-from pipelines.statcache import StatCache
-from pipelines.weights.blobs import BlobStore
-from pipelines.weights.lock import LockError, cache_key, load_lock, lock_path, require_locked
-from pipelines.weights.patch import PatchError, patch_tp3, patch_tp3_folder
-from pipelines.weights.stage import StageError, is_staged, stage
-from pipelines.weights.synthetic import model_names
+from pipelines.core.modellock import LockError, cache_key, load_lock, lock_path, require_locked
+from pipelines.engine.statcache import StatCache
+from pipelines.stages.weights.blobs import BlobStore
+from pipelines.stages.weights.patch import PatchError, patch_tp3, patch_tp3_folder
+from pipelines.stages.weights.stage import StageError, is_staged, stage
+from pipelines.stages.weights.synthetic import model_names
 
 
 def test_no_op_check_of_a_full_size_lock_reads_no_file_bytes(tmp_path):

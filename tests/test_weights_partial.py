@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.weights.partial import ALIGN, PartialFile, WriteBehind, WriteError, aligned_buffer
+from pipelines.stages.weights.partial import (
+    ALIGN,
+    PartialFile,
+    WriteBehind,
+    WriteError,
+    aligned_buffer,
+)
 
 MiB = 1 << 20
 

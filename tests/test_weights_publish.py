@@ -18,13 +18,13 @@ import test_weights
 from support.model_bucket import fetch
 from test_weights_partial import cached_bytes, direct_io_here
 
-from pipelines import statcache
-from pipelines.files import sync_files
-from pipelines.schema import as_data
-from pipelines.weights import publish as publish_module
-from pipelines.weights.fetch import FetchError
-from pipelines.weights.lock import Lock
-from pipelines.weights.partial import ALIGN
+from pipelines.core.files import sync_files
+from pipelines.core.modellock import Lock
+from pipelines.core.schema import as_data
+from pipelines.engine import statcache
+from pipelines.stages.weights import publish as publish_module
+from pipelines.stages.weights.fetch import FetchError
+from pipelines.stages.weights.partial import ALIGN
 
 
 class RecordingSync:

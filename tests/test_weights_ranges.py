@@ -16,19 +16,19 @@ import pytest
 from support.cutting_proxy import CuttingProxy
 from support.model_bucket import fetch, fresh_source
 
-from pipelines.progress import NoProgress
-from pipelines.s3options import MODEL_S3_OPTIONS
-from pipelines.weights import bucket as bucket_module
-from pipelines.weights import fetch as fetch_module
-from pipelines.weights import ranges as ranges_module
-from pipelines.weights.bucket import hash_bucket
-from pipelines.weights.fetch import FetchError, RateLimiter
-from pipelines.weights.lock import (
+from pipelines.core.modellock import (
     Lock,
     LockEntry,
 )
-from pipelines.weights.ranges import RangeError
-from pipelines.weights.s3 import S3Url
+from pipelines.core.progress import NoProgress
+from pipelines.core.s3 import MODEL_S3_OPTIONS
+from pipelines.stages.weights import bucket as bucket_module
+from pipelines.stages.weights import fetch as fetch_module
+from pipelines.stages.weights import ranges as ranges_module
+from pipelines.stages.weights.bucket import hash_bucket
+from pipelines.stages.weights.fetch import FetchError, RateLimiter
+from pipelines.stages.weights.ranges import RangeError
+from pipelines.stages.weights.s3 import S3Url
 
 BIG = "model-00047-of-00048.safetensors"
 

@@ -28,12 +28,12 @@ from support.doit import run_doit
 
 from devstack.netns import LinkError
 from devstack.ringnet import RingNet, default_scratch, refused_here, ring_network
-from pipelines.profiles import ProfileError, parse_profile
-from pipelines.statcache import StatCache
-from pipelines.weights.blobs import BlobStore
-from pipelines.weights.blobserver import BlobServer, BlobServerError
-from pipelines.weights.lock import Lock, LockEntry, load_lock
-from pipelines.weights.ringplan import (
+from pipelines.core.modellock import Lock, LockEntry, load_lock
+from pipelines.core.profiles import ProfileError, parse_profile
+from pipelines.engine.statcache import StatCache
+from pipelines.stages.weights.blobs import BlobStore
+from pipelines.stages.weights.blobserver import BlobServer, BlobServerError
+from pipelines.stages.weights.ringplan import (
     S3,
     RingNode,
     RingPlanError,
@@ -42,9 +42,9 @@ from pipelines.weights.ringplan import (
     plan_json,
     plan_ring,
 )
-from pipelines.weights.s3 import S3Url
-from pipelines.weights.sources import NotServed, PeerSource
-from pipelines.weights.synthetic import SyntheticShape, upload_synthetic
+from pipelines.stages.weights.s3 import S3Url
+from pipelines.stages.weights.sources import NotServed, PeerSource
+from pipelines.stages.weights.synthetic import SyntheticShape, upload_synthetic
 
 REPO = Path(__file__).resolve().parent.parent
 GB = 10**9
@@ -446,7 +446,7 @@ def ring():
 def start_member(
     ring: Ring, rank: int, root: Path, log: Path, peer_wait_s: float = 60
 ) -> subprocess.Popen:
-    """`python -m pipelines.weights.ring` for member rank, in its namespace, S3 on its uplink."""
+    """The ring member (stages/weights/ring.py) for rank, in its namespace, S3 on its uplink."""
     return ringrun.start_member(
         ring.net, rank, ring.credentials, ring.plan_file, root, log,
         part_mib=4, peer_wait_s=peer_wait_s, interval=1,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.settings import read_settings
+from pipelines.core.settings import read_settings
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -130,7 +130,7 @@ def test_deploy_stages_the_weights_of_exactly_the_docker_host_rings():
     not for the Kubernetes one (its Jobs stage), so a renamed task cannot silently skip it."""
     import yaml
 
-    from pipelines.profiles import load_profile
+    from pipelines.core.profiles import load_profile
 
     deploy = yaml.safe_load((REPO / ".github" / "workflows" / "deploy.yml").read_text())
     steps = deploy["jobs"]["deploy"]["steps"]

@@ -4,7 +4,7 @@ Runs inside the runtime image (torch + its own NCCL), shipped as source (a Confi
 copied into the container), so it imports nothing from this repository. Rank and rendezvous come
 from the environment the way torchrun and the fabric Jobs set them: RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, LOCAL_RANK. Rank 0 prints one `allreduce` line per size; the busbw
-formula is applied by the parser (pipelines/fabric/nccllog.py), once.
+formula is applied by the parser (pipelines/stages/fabric/nccllog.py), once.
 """
 
 import argparse

@@ -12,9 +12,9 @@ from typing import Any
 
 import msgspec
 
-from pipelines.errors import BadInput
-from pipelines.files import MiB, load_json_object, write_atomic
-from pipelines.progress import say
+from pipelines.core.errors import BadInput
+from pipelines.core.files import MiB, load_json_object, write_atomic
+from pipelines.core.progress import say
 
 # A build names a handful of steps and images; a file past this is not one gc wrote.
 BUILD_MAX_BYTES = 1 * MiB

@@ -7,11 +7,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.errors import PipelineError
-from pipelines.images.debian_lock import LOCK_NAME, load_debian_lock
-from pipelines.paths import IMAGES_DIR, LOCKS_DIR, PROFILES_DIR
-from pipelines.profiles import parse_profile
-from pipelines.weights.lock import cache_key, load_lock, lock_path
+from pipelines.core.errors import PipelineError
+from pipelines.core.modellock import cache_key, load_lock, lock_path
+from pipelines.core.paths import IMAGES_DIR, LOCKS_DIR, PROFILES_DIR
+from pipelines.core.profiles import parse_profile
+from pipelines.stages.images.debian_lock import LOCK_NAME, load_debian_lock
 
 
 @dataclass

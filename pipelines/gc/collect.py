@@ -9,12 +9,12 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipelines.files import fsync_dir
-from pipelines.gcplan import Verdict
-from pipelines.progress import say
-from pipelines.store import Store
-from pipelines.weights.blobs import BlobStore
-from pipelines.weights.stage import staging, staging_lock
+from pipelines.core.files import fsync_dir
+from pipelines.core.progress import say
+from pipelines.engine.gcplan import Verdict
+from pipelines.engine.store import Store
+from pipelines.stages.weights.blobs import BlobStore
+from pipelines.stages.weights.stage import staging, staging_lock
 
 
 def remove_tree(store: Store, path: Path) -> None:

@@ -9,10 +9,10 @@ import os
 import re
 from pathlib import Path
 
-from pipelines.errors import BadInput
-from pipelines.files import MiB, read_capped
-from pipelines.gcplan import Item
-from pipelines.store import CorruptStepRecord, Store, read_record
+from pipelines.core.errors import BadInput
+from pipelines.core.files import MiB, read_capped
+from pipelines.engine.gcplan import Item
+from pipelines.engine.store import CorruptStepRecord, Store, read_record
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
 # results.json holds every request's chunk timings: some MiB; past this it is not the bench's.

@@ -12,16 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.deploy.records import Records
-from pipelines.errors import PipelineError
-from pipelines.files import flock_held
+from pipelines.core.errors import PipelineError
+from pipelines.core.files import flock_held
+from pipelines.engine.gcplan import Roots
+from pipelines.engine.store import Store
 from pipelines.gc.builds import last_builds
 from pipelines.gc.checkout import Checkout, Named, checkout_names
 from pipelines.gc.inventory import model_folders
-from pipelines.gcplan import Roots
-from pipelines.images.registry import Registry
-from pipelines.store import Store
-from pipelines.weights.stage import staging_lock
+from pipelines.stages.deploy.records import Records
+from pipelines.stages.images.registry import Registry
+from pipelines.stages.weights.stage import staging_lock
 
 # An image as records and builds name it: host[:port]/repository@sha256:<hex>.
 IMAGE_REF = re.compile(r"([A-Za-z0-9.\[\]:-]+)/([a-z0-9._/-]+)@(sha256:[0-9a-f]{64})")

@@ -10,10 +10,10 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from pipelines.errors import BadInput
-from pipelines.files import MiB, load_json, write_atomic
-from pipelines.gcplan import Item, Verdict
-from pipelines.images.registry import Registry
+from pipelines.core.errors import BadInput
+from pipelines.core.files import MiB, load_json, write_atomic
+from pipelines.engine.gcplan import Item, Verdict
+from pipelines.stages.images.registry import Registry
 
 GC_TAGS = re.compile(r"(candidate|key)-[A-Za-z0-9_.-]+")
 DAY_S = 86400.0

@@ -9,7 +9,12 @@ from collections.abc import Callable, Iterator
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from pipelines.errors import PipelineError
+from pipelines.core.errors import PipelineError
+from pipelines.core.paths import PROFILES_DIR
+from pipelines.core.progress import say, show
+from pipelines.engine.gcplan import Item, Roots, gc_plan, kept_step_keys, report
+from pipelines.engine.stage import Context
+from pipelines.engine.steps import GRAPH, as_doit_action
 from pipelines.gc.builds import log_build, profile_builds, write_roots
 from pipelines.gc.checkout import Checkout
 from pipelines.gc.collect import collect
@@ -24,15 +29,10 @@ from pipelines.gc.tags import (
     tagged_digests,
     write_ledger,
 )
-from pipelines.gcplan import Item, Roots, gc_plan, kept_step_keys, report
-from pipelines.images.registry import Registry
-from pipelines.paths import PROFILES_DIR
-from pipelines.progress import say, show
-from pipelines.stage import Context
-from pipelines.steps import GRAPH, as_doit_action
+from pipelines.stages.images.registry import Registry
 
 if TYPE_CHECKING:
-    from pipelines.images import PublishedImage
+    from pipelines.engine.published import PublishedImage
 
 
 class Gc:
@@ -117,7 +117,7 @@ class Gc:
             written = write_roots(store.area("gc"), kept_step_keys(verdicts, roots))
             show(
                 f"gc: the step keys its roots reach: {written}"
-                " (for `python -m pipelines.cache gc --roots`)"
+                " (for `python -m pipelines.engine.remote gc --roots`)"
             )
             if delete:
                 collect(store, self.weights, verdicts)

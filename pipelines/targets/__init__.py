@@ -11,7 +11,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from pipelines.profiles import Profile, ProfileError
+from pipelines.core.profiles import Profile, ProfileError
 from pipelines.targets import docker, kubernetes
 from pipelines.targets.target import Target
 

@@ -6,10 +6,10 @@ from pipelines.targets.target import Target
 TARGET = Target(
     name="docker",
     renderers={
-        "sglang": "pipelines.render.fabric:render_dockerhosts",
-        "simulated": "pipelines.render.dockerhosts:render_simulated",
+        "sglang": "pipelines.stages.render.fabric:docker_with_fabric",
+        "simulated": "pipelines.stages.render.docker:render_simulated",
     },
-    backend="pipelines.deploy.backends:docker_backend",
-    launcher="pipelines.fabric.launch:docker_launcher",
+    backend="pipelines.stages.deploy.backends:docker_backend",
+    launcher="pipelines.stages.fabric.launch:docker_launcher",
     stages_in_render=False,
 )

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipelines.errors import BadInput, DeployError, DeployUnreachable
-from pipelines.profiles import Profile
+from pipelines.core.errors import BadInput, DeployError, DeployUnreachable
+from pipelines.core.profiles import Profile
 from pipelines.targets.pruning import Stray
 from pipelines.targets.ssh import Tunnel
 
@@ -85,6 +85,20 @@ class DockerEngines:
                 )
             urls.append(url)
         return tuple(urls)
+
+    def pull(self, client: DockerClient, member: MemberHost, image: str) -> None:
+        """Have the member's engine hold the image (pulled by digest when missing)."""
+        import docker.errors
+
+        try:
+            client.images.get(image)
+        except docker.errors.ImageNotFound:
+            try:
+                client.images.pull(image)
+            except docker.errors.DockerException as err:
+                raise DeployError(
+                    f"member {member.node}: {member.docker} cannot pull {image}: {err}"
+                ) from None
 
     def client(self, member: MemberHost) -> DockerClient:
         """The Docker SDK client of a member's engine (one per URL)."""

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipelines.errors import DeployError, DeployUnreachable
+from pipelines.core.errors import DeployError, DeployUnreachable
 from pipelines.targets.pruning import Stray
 
 if TYPE_CHECKING:

@@ -5,8 +5,8 @@ from pipelines.targets.target import Target
 
 TARGET = Target(
     name="kubernetes",
-    renderers={"vllm": "pipelines.render.fabric:render_kubernetes"},
-    backend="pipelines.deploy.backends:kubernetes_backend",
-    launcher="pipelines.fabric.launch:kubernetes_launcher",
+    renderers={"vllm": "pipelines.stages.render.fabric:kubernetes_with_fabric"},
+    backend="pipelines.stages.deploy.backends:kubernetes_backend",
+    launcher="pipelines.stages.fabric.launch:kubernetes_launcher",
     stages_in_render=True,
 )

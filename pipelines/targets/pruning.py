@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pipelines.errors import BadInput
+from pipelines.core.errors import BadInput
 
 # Kubernetes: the label every object a deploy or a fabric check applies carries (its value:
 # the profile's name), and the one that says which part of the profile applied it (absent:

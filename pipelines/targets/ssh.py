@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import urlsplit
 
-from pipelines.errors import DeployError
+from pipelines.core.errors import DeployError
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
 CONNECT_TIMEOUT_S = 15

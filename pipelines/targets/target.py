@@ -11,8 +11,8 @@ class Target:
     """What one `deploy:` value means: its renderers, deploy backend and fabric launcher."""
 
     name: str  # the profile's `deploy:` value
-    # runtime -> the renderer, `module:function` (pipelines/render/); the rings' renderers add
-    # the fabric check's documents (render/fabric.py) to the service's.
+    # runtime -> the renderer, `module:function` (stages/render/); the rings' renderers add the
+    # fabric check's documents (render/fabric.py) to the service's.
     renderers: Mapping[str, str]
     # `module:function`(profile, engines by member, timeout_s, kube) -> the deploy Backend
     backend: str

@@ -18,7 +18,7 @@ own result file is parsed (its keys are named in PARSERS) and its relative error
 truth printed as a Markdown table, written with the raw numbers to tests/perf/out/
 bench_accuracy.{md,json} and plotted as tests/perf/out/bench_accuracy.png.
 
-The tools. Ours: `python -m pipelines.bench cell`. The peers, each in its own venv under
+The tools. Ours: `python -m pipelines.stages.bench cell`. The peers, each in its own venv under
 tests/perf/out/venvs/<tool>-<version>/ made here and reused while its pins (PEERS) are the
 same: guidellm (`guidellm run`, openai_http backend), AIPerf (`aiperf profile`, chat
 endpoint) and vLLM's `vllm bench serve` (openai-chat backend), when it installs; a failed
@@ -273,7 +273,7 @@ def dig(data: Any, *path: str) -> float | None:
 
 def ours_command(load: Load, out: Path, venv: Path | None) -> list[str]:
     return [
-        sys.executable, "-m", "pipelines.bench", "cell", "--url", load.url, "--model", MODEL,
+        sys.executable, "-m", "pipelines.stages.bench", "cell", "--url", load.url, "--model", MODEL,
         "--concurrency", str(load.concurrency), "--requests", str(load.requests),
         "--max-tokens", str(load.max_tokens), "--prompt-tokens", str(load.prompt_tokens),
         "--out", str(out / "result.json"),

@@ -44,15 +44,15 @@ from plot import bar_chart, rate_chart  # noqa: E402
 
 import devstack  # noqa: E402
 from devstack.netns import bits_per_second  # noqa: E402
-from pipelines.files import hash_file  # noqa: E402
-from pipelines.progress import NoProgress  # noqa: E402
-from pipelines.statcache import StatCache  # noqa: E402
-from pipelines.weights.blobs import BlobStore  # noqa: E402
-from pipelines.weights.bucket import hash_bucket, list_objects  # noqa: E402
-from pipelines.weights.fetch import fetch_lock  # noqa: E402
-from pipelines.weights.options import FetchOptions  # noqa: E402
-from pipelines.weights.s3 import S3Url, s3_client  # noqa: E402
-from pipelines.weights.synthetic import SyntheticShape, model_names, upload_synthetic  # noqa: E402
+from pipelines.core.files import hash_file  # noqa: E402
+from pipelines.core.progress import NoProgress  # noqa: E402
+from pipelines.engine.statcache import StatCache  # noqa: E402
+from pipelines.stages.weights.blobs import BlobStore  # noqa: E402
+from pipelines.stages.weights.bucket import hash_bucket, list_objects  # noqa: E402
+from pipelines.stages.weights.fetch import fetch_lock  # noqa: E402
+from pipelines.stages.weights.options import FetchOptions  # noqa: E402
+from pipelines.stages.weights.s3 import S3Url, s3_client  # noqa: E402
+from pipelines.stages.weights.synthetic import SyntheticShape, model_names, upload_synthetic  # noqa: E402
 
 MiB = 1 << 20
 GiB = 1 << 30

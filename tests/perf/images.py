@@ -31,14 +31,14 @@ from plot import bar_chart  # noqa: E402
 from support.stages import context  # noqa: E402
 
 import devstack  # noqa: E402
-from pipelines.images import Images  # noqa: E402
-from pipelines.images.spec import load_image  # noqa: E402
-from pipelines.paths import RECEIPT  # noqa: E402
-from pipelines.profiles import load_profile  # noqa: E402
-from pipelines.settings import read_settings  # noqa: E402
-from pipelines.site import Site  # noqa: E402
-from pipelines.steps import Engine  # noqa: E402
-from pipelines.store import Store  # noqa: E402
+from pipelines.core.paths import RECEIPT  # noqa: E402
+from pipelines.core.profiles import load_profile  # noqa: E402
+from pipelines.core.settings import read_settings  # noqa: E402
+from pipelines.core.site import Site  # noqa: E402
+from pipelines.engine.steps import Engine  # noqa: E402
+from pipelines.engine.store import Store  # noqa: E402
+from pipelines.stages.images import Images  # noqa: E402
+from pipelines.stages.images.spec import load_image  # noqa: E402
 
 
 def time_cache_hit(runs: int) -> list[float]:

@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from plot import bar_chart  # noqa: E402
 
-from pipelines.files import hash_file  # noqa: E402
-from pipelines.statcache import StatCache  # noqa: E402
-from pipelines.steps import Engine, Step  # noqa: E402
-from pipelines.store import Store  # noqa: E402
+from pipelines.core.files import hash_file  # noqa: E402
+from pipelines.engine.statcache import StatCache  # noqa: E402
+from pipelines.engine.steps import Engine, Step  # noqa: E402
+from pipelines.engine.store import Store  # noqa: E402
 
 GB = 10**9
 SMALL = {

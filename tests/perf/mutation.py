@@ -54,25 +54,29 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     # group: (modules to mutate, the tests that cover them)
     "engine": (
         [
-            "pipelines/keys.py",
-            "pipelines/store.py",
-            "pipelines/statcache.py",
-            "pipelines/steps.py",
+            "pipelines/engine/keys.py",
+            "pipelines/engine/store.py",
+            "pipelines/engine/statcache.py",
+            "pipelines/engine/steps.py",
         ],
         ["tests/test_steps.py", "tests/test_breakages.py"],
     ),
     "fetch": (
-        ["pipelines/weights/fetch.py", "pipelines/weights/ranges.py", "pipelines/weights/blobs.py"],
+        [
+            "pipelines/stages/weights/fetch.py",
+            "pipelines/stages/weights/ranges.py",
+            "pipelines/stages/weights/blobs.py",
+        ],
         ["tests/test_weights.py", "tests/test_weights_ranges.py"],
     ),
     # validate.py and the layers it calls: the CRD schemas, the operator's rules, policy.
     "validators": (
         [
-            "pipelines/render/validate.py",
-            "pipelines/render/operator_rules.py",
-            "pipelines/render/crd_schema.py",
-            "pipelines/render/cache_mounts.py",
-            "pipelines/render/violations.py",
+            "pipelines/stages/render/validate.py",
+            "pipelines/stages/render/operator_rules.py",
+            "pipelines/stages/render/crd_schema.py",
+            "pipelines/stages/render/cache_mounts.py",
+            "pipelines/stages/render/violations.py",
         ],
         ["tests/test_render.py", "tests/test_operator.py"],
     ),
@@ -114,10 +118,10 @@ from pathlib import Path
 
 import pytest
 
-# pipelines.progress takes sys.stderr as a default argument when first imported: imported by
+# pipelines.core.progress takes sys.stderr as a default argument when first imported: imported by
 # a test module inside one pytest session it would keep that session's capture stream, closed
 # when the session ends, for the later sessions mutmut runs in the same process.
-import pipelines.progress  # noqa: F401
+import pipelines.core.progress  # noqa: F401
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
@@ -208,7 +212,7 @@ def shared_synthetic() -> Iterator[dict[str, str]]:
     group (tests/test_weights.py would upload it per run: 5 s each); deleted afterwards."""
     sys.path.insert(0, str(REPO))
     import devstack
-    from pipelines.weights.synthetic import SyntheticShape, upload_synthetic
+    from pipelines.stages.weights.synthetic import SyntheticShape, upload_synthetic
 
     stack_dir = stack_folder()
     client = devstack.s3_client(

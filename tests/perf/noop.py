@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from keying import model_sizes, read_chars  # noqa: E402
 
-from pipelines.statcache import StatCache, stat_key  # noqa: E402
-from pipelines.weights.blobs import BlobStore  # noqa: E402
-from pipelines.weights.lock import Lock, LockEntry, cache_key  # noqa: E402
-from pipelines.weights.stage import is_staged, stage, stage_plan  # noqa: E402
+from pipelines.core.modellock import Lock, LockEntry, cache_key  # noqa: E402
+from pipelines.engine.statcache import StatCache, stat_key  # noqa: E402
+from pipelines.stages.weights.blobs import BlobStore  # noqa: E402
+from pipelines.stages.weights.stage import is_staged, stage, stage_plan  # noqa: E402
 
 
 def full_size_store(root: Path) -> tuple[BlobStore, Lock, Path]:

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from support.stack import delete_repository  # noqa: E402
 
 import devstack  # noqa: E402
-from pipelines.namedkeys import keygen  # noqa: E402
+from pipelines.core.signing.namedkeys import keygen  # noqa: E402
 
 BUCKET = "models"
 

@@ -9,8 +9,9 @@ behind its own uplink shaped to --uplink, a full mesh of member links shaped to 
 unshaped) the synthetic model is uploaded, sized so the uplink dominates, and locked (fetch.py's
 ensure_model). Then both ways of putting it on all three members run in turn, --runs times
 each, the order flipped every run, each into fresh folders: "ring", `python -m
-pipelines.weights.ring` per member (its share from S3, the rest from its peers); "each from S3",
-fetch_lock of the whole model per member, all three at once (tests/perf/ringrun.py as a script).
+pipelines.stages.weights.ring` per member (its share from S3, the rest from its peers); "each
+from S3", fetch_lock of the whole model per member, all three at once (tests/perf/ringrun.py as
+a script).
 Both verify sha256 while they stream; after every run each member's blobs are hashed again
 here, outside the timing, and a run with a missing or wrong blob fails the benchmark.
 
@@ -53,10 +54,10 @@ from plot import OUT  # noqa: E402  (Agg backend set there)
 
 from devstack.netns import LinkError, bits_per_second  # noqa: E402
 from devstack.ringnet import RingNet, default_scratch, refused_here, ring_network  # noqa: E402
-from pipelines.files import hash_file  # noqa: E402
-from pipelines.weights.lock import Lock, write_lock  # noqa: E402
-from pipelines.weights.ringplan import RingPlan  # noqa: E402
-from pipelines.weights.synthetic import SyntheticShape  # noqa: E402
+from pipelines.core.files import hash_file  # noqa: E402
+from pipelines.core.modellock import Lock, write_lock  # noqa: E402
+from pipelines.stages.weights.ringplan import RingPlan  # noqa: E402
+from pipelines.stages.weights.synthetic import SyntheticShape  # noqa: E402
 
 MiB = 1 << 20
 MEMBERS = 3

@@ -20,14 +20,14 @@ import time
 from pathlib import Path
 
 from devstack.ringnet import RingNet
-from pipelines.progress import NoProgress
-from pipelines.statcache import StatCache
-from pipelines.weights.blobs import BlobStore
-from pipelines.weights.fetch import fetch_lock
-from pipelines.weights.lock import Lock, dump_lock, load_lock
-from pipelines.weights.options import FetchOptions
-from pipelines.weights.ringplan import RingNode, RingPlan, plan_json, plan_ring
-from pipelines.weights.s3 import s3_client
+from pipelines.core.modellock import Lock, dump_lock, load_lock
+from pipelines.core.progress import NoProgress
+from pipelines.engine.statcache import StatCache
+from pipelines.stages.weights.blobs import BlobStore
+from pipelines.stages.weights.fetch import fetch_lock
+from pipelines.stages.weights.options import FetchOptions
+from pipelines.stages.weights.ringplan import RingNode, RingPlan, plan_json, plan_ring
+from pipelines.stages.weights.s3 import s3_client
 
 REPO = Path(__file__).resolve().parents[2]
 PORT = 8098  # every member's blob server, on its link addresses
@@ -89,8 +89,9 @@ def start_member(
     interval: float = 1,
     max_mbps: float | None = None,
 ) -> subprocess.Popen:
-    """`python -m pipelines.weights.ring` for member rank, in its namespace, S3 on its uplink."""
-    argv = [sys.executable, "-m", "pipelines.weights.ring", "--plan", str(plan_file),
+    """The ring member's command (stages/weights/ring.py) for rank, in its namespace, S3 on its
+    uplink."""
+    argv = [sys.executable, "-m", "pipelines.stages.weights.ring", "--plan", str(plan_file),
             "--rank", str(rank), "--root", str(root), "--interval", str(interval),
             "--part-mib", str(part_mib), "--peer-wait-s", str(peer_wait_s)]  # fmt: skip
     argv += ["--max-mbps", str(max_mbps)] if max_mbps else []

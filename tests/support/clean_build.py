@@ -23,9 +23,9 @@ if __name__ == "__main__":
 from support.stages import ImageAt  # noqa: E402
 
 import devstack  # noqa: E402
-from pipelines.site import Site  # noqa: E402
-from pipelines.steps import Engine  # noqa: E402
-from pipelines.store import Store  # noqa: E402
+from pipelines.core.site import Site  # noqa: E402
+from pipelines.engine.steps import Engine  # noqa: E402
+from pipelines.engine.store import Store  # noqa: E402
 
 
 def main(kind: str, folder: Path, platform: str, out: Path, debs: Path) -> dict[str, str]:
@@ -41,9 +41,9 @@ def main(kind: str, folder: Path, platform: str, out: Path, debs: Path) -> dict[
     work = out / "image"
     work.mkdir()
     if kind == "base":
-        from pipelines.images.base import build_base
-        from pipelines.images.debian_lock import lock_file
-        from pipelines.images.oci import save_image_index
+        from pipelines.stages.images.base import build_base
+        from pipelines.stages.images.debian_lock import lock_file
+        from pipelines.stages.images.oci import save_image_index
 
         local = images.image.spec.base.local
         assert local is not None, f"{folder}: no local base"
@@ -55,7 +55,7 @@ def main(kind: str, folder: Path, platform: str, out: Path, debs: Path) -> dict[
     else:
         import docker
 
-        from pipelines.images.build import build_image
+        from pipelines.stages.images.build import build_image
 
         step = images.image_step
         client = docker.DockerClient(base_url=site.docker_host)

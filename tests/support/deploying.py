@@ -19,8 +19,8 @@ from support.attestations import vouch_like
 from support.doit import run_doit
 from support.stack import delete_repository
 
-from pipelines.images.registry import ACCEPT
-from pipelines.paths import PROFILES_DIR
+from pipelines.core.paths import PROFILES_DIR
+from pipelines.stages.images.registry import ACCEPT
 
 
 def free_port() -> int:

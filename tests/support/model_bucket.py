@@ -10,13 +10,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from pipelines.progress import NoProgress
-from pipelines.statcache import StatCache
-from pipelines.weights.blobs import BlobStore
-from pipelines.weights.bucket import hash_bucket
-from pipelines.weights.fetch import fetch_lock
-from pipelines.weights.options import FetchOptions
-from pipelines.weights.synthetic import (
+from pipelines.core.progress import NoProgress
+from pipelines.engine.statcache import StatCache
+from pipelines.stages.weights.blobs import BlobStore
+from pipelines.stages.weights.bucket import hash_bucket
+from pipelines.stages.weights.fetch import fetch_lock
+from pipelines.stages.weights.options import FetchOptions
+from pipelines.stages.weights.synthetic import (
     SyntheticShape,
     upload_synthetic,
 )

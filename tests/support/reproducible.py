@@ -104,9 +104,9 @@ def bases_in_registry(stack, images: list[str], platform: str, tmp_path_factory)
     where the registry lacks its key."""
     from support.stages import ImageAt
 
-    from pipelines.site import Site
-    from pipelines.steps import Engine
-    from pipelines.store import Store
+    from pipelines.core.site import Site
+    from pipelines.engine.steps import Engine
+    from pipelines.engine.store import Store
 
     site = Site(lambda: (stack.registry, (stack.docker_host,)))
     for image in images:
@@ -137,8 +137,8 @@ def variation_id(value):
 
 def fail_without_emulation(arch: str) -> None:
     """Fail in one line where this machine cannot run arch's binaries (never skip)."""
-    from pipelines.images.emulation import emulation_problem
-    from pipelines.images.inputs import debian_arch
+    from pipelines.stages.images.emulation import emulation_problem
+    from pipelines.stages.images.inputs import debian_arch
 
     problem = emulation_problem(arch, debian_arch())
     if problem is not None:

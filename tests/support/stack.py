@@ -182,7 +182,7 @@ def delete_repository(registry: str, repository: str) -> None:
     """Delete every manifest a repository's tags point to (the stack's registry allows it)."""
     import requests
 
-    from pipelines.images.registry import ACCEPT
+    from pipelines.stages.images.registry import ACCEPT
 
     base = f"http://{registry}/v2/{repository}"
     tags = requests.get(f"{base}/tags/list", timeout=10).json().get("tags") or []

@@ -8,15 +8,16 @@ from pathlib import Path
 
 import msgspec
 
-from pipelines.images import Images, PublishedImage
-from pipelines.images.spec import ImageDir, load_image
-from pipelines.profiles import Profile, load_profile
-from pipelines.render import Render
-from pipelines.settings import read_settings
-from pipelines.site import Site
-from pipelines.stage import Context
-from pipelines.steps import Engine
-from pipelines.weights import Weights
+from pipelines.core.profiles import Profile, load_profile
+from pipelines.core.settings import read_settings
+from pipelines.core.site import Site
+from pipelines.engine.published import PublishedImage
+from pipelines.engine.stage import Context
+from pipelines.engine.steps import Engine
+from pipelines.stages.images import Images
+from pipelines.stages.images.spec import ImageDir, load_image
+from pipelines.stages.render import Render
+from pipelines.stages.weights import Weights
 
 # A site with no registry or engine to reach (a test that renders, or replays a launcher).
 NO_SITE = Site(lambda: ("", ()))

@@ -1,5 +1,0 @@
-"""The render stage: manifests (Kubernetes) or launch plans (Docker hosts), validated offline."""
-
-from pipelines.render.tasks import Render
-
-__all__ = ["Render"]

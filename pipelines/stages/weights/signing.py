@@ -1,0 +1,98 @@
+"""The model's signature (OpenSSF model signing, in signature.py): where it lives, signing the
+lock's manifest with the model key (`doit sign_weights`), and checking it before a deploy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipelines.core.errors import BadInput, PipelineError
+from pipelines.core.modellock import Lock, lock_path
+from pipelines.core.progress import say
+from pipelines.core.settings import Settings
+
+if TYPE_CHECKING:
+    from pipelines.core.profiles import Profile
+    from pipelines.engine.store import Store
+
+
+class ModelSignature:
+    """One profile's model signature: made from the lock, checked against the lock and the
+    staged folders (their plan of files and overrides, asked for when checked)."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        store: Store,
+        settings: Settings,
+        complete_lock: Callable[[], Lock],
+        plan: Callable[[], dict[str, str]],
+        folders: Callable[[], list[Path]],
+    ):
+        self.profile, self.store, self.settings = profile, store, settings
+        self.complete_lock, self.plan, self.folders = complete_lock, plan, folders
+
+    def lock_file(self) -> Path:
+        """The profile's lock file."""
+        return lock_path(self.profile.model.lock)
+
+    def can_sign(self) -> bool:
+        """Whether this run has a model signing key (the environment's, or the local stack's)."""
+        from pipelines.stages.weights.modelkeys import model_signer
+
+        return model_signer(self.settings, self._local_keys()) is not None
+
+    def _local_keys(self) -> Path | None:
+        """The store's key folder for a local-stack profile (its own model key), else None."""
+        return self.store.area("keys") if self.profile.local_stack else None
+
+    @property
+    def signature_file(self) -> Path:
+        """Where the model's signature lives: beside the lock in the repo, reviewed and shipped
+        with it; a local-stack profile's (signed by this machine's key) in the store."""
+        name = f"{self.profile.model.lock}.sig"
+        if self.profile.local_stack:
+            return self.store.area("signatures") / name
+        return self.lock_file().with_name(name)
+
+    def sign(self) -> None:
+        """Sign the lock's manifest with the model key (`doit sign_weights`)."""
+        from pipelines.stages.weights.modelkeys import SIGNING_ENV, model_signer
+        from pipelines.stages.weights.signature import sign_lock
+
+        key = model_signer(self.settings, self._local_keys())
+        if key is None:
+            raise BadInput(
+                f"sign_weights: no model signing key: set {SIGNING_ENV} (docs/provenance.md)"
+            )
+        lock = self.complete_lock()
+        sign_lock(lock, key, self.signature_file)
+        say("sign_weights", f"{self.signature_file} ({len(lock.files)} files, key {key.name})")
+
+    def signed(self) -> bool:
+        """True when the signature verifies and signs the lock as it is."""
+        return not self.problems(folders=False)
+
+    def problems(self, folders: bool = True) -> list[str]:
+        """One line when the model's signature does not verify: a trusted key, the lock's
+        files, and (folders) every staged folder on this machine, hashed by the library."""
+        from pipelines.stages.weights.modelkeys import model_trusted
+        from pipelines.stages.weights.signature import (
+            check_folder,
+            check_lock_signed,
+            signed_manifest,
+        )
+
+        try:
+            lock = self.complete_lock()
+            trusted = model_trusted(self.settings, self._local_keys())
+            signer, manifest = signed_manifest(self.signature_file, trusted)
+            check_lock_signed(lock, manifest, self.signature_file)
+            if folders:
+                plan = self.plan()
+                for folder in self.folders():
+                    check_folder(folder, lock, plan, manifest, signer)
+        except PipelineError as err:
+            return [str(err)]
+        return []
