@@ -20,14 +20,15 @@ from pipelines.engine.remote import remote_cache
 from pipelines.engine.stage import Context
 from pipelines.engine.steps import Engine
 from pipelines.engine.store import Store
+from pipelines.engine.variables import VARIABLES as ALL_VARIABLES
+from pipelines.engine.variables import reading
 from pipelines.stages import bench, deploy, fabric, images, provenance, render, weights
 from pipelines.stages import profile as profile_stage  # `profile` is the profile itself below
 from pipelines.stages.deploy.records import who_ran
 
-# doit's name=value arguments a stage reads: a digest CI pushed, a hand-given fabric check,
-# prune=no (deploy and the fabric check keep what a new render dropped), platform=linux/arm64
-# (the images for another architecture than this machine's, under emulation).
-VARIABLES = ("image_digest", "stager_digest", "expect", "prune", "platform")
+# doit's name=value arguments a stage reads (engine/variables.py says what each means; `doit
+# help TASK` names those the task reads): profile= here, the others into the Context.
+VARIABLES = tuple(name for name in ALL_VARIABLES if name != "profile")
 
 
 def stack_endpoints():
@@ -116,4 +117,5 @@ def task_build():
     """build everything the chosen profile deploys (profile=NAME, default local)"""
     deps = [PROFILE.step.name, IMAGES.image_step.name, WEIGHTS.outputs.stage_task]
     deps += [RENDER.step.name, *STAGER.published.tasks]
-    return {"actions": [GC.log_build], "uptodate": [GC.build_logged], "task_dep": deps}
+    reads = reading(("image_digest", "stager_digest", "platform"))
+    return {"actions": [GC.log_build], "uptodate": [GC.build_logged], "task_dep": deps, **reads}

@@ -21,6 +21,7 @@ from pipelines.core.progress import say
 from pipelines.engine.keys import key_material, step_key
 from pipelines.engine.statcache import StatCache
 from pipelines.engine.store import Store, read_record
+from pipelines.engine.variables import reading
 
 
 class Cache(Protocol):
@@ -234,10 +235,12 @@ class Engine:
         took = time.monotonic() - started
         say(step.name, f"uploaded {key[:16]} to {self.remote.name} ({took:.2f} s)")
 
-    def task(self, step: Step, **extra: Any) -> dict[str, Any]:
-        """The doit task dict of a step: staleness decided by its key, never by doit's MD5."""
+    def task(self, step: Step, variables: Sequence[str] = (), **extra: Any) -> dict[str, Any]:
+        """The doit task dict of a step: staleness decided by its key, never by doit's MD5
+        (variables: the doit `name=value` arguments it reads besides `profile`)."""
         GRAPH[step.name] = (self, step)
         return {
+            **reading(variables),
             "basename": step.name,
             "doc": step.doc,
             "actions": [(self._doit_action, [step])],
@@ -303,10 +306,12 @@ def side_task(
     work: Callable[[], Any],
     uptodate: Callable[[], bool] | None = None,
     deps: Sequence[str] = (),
+    variables: Sequence[str] = (),
 ) -> dict[str, Any]:
     """A doit task whose output lives outside the store (S3, blobs, a staged folder).
 
     Its uptodate check asks that place directly; without one the task runs when asked.
+    variables: the doit `name=value` arguments it reads besides `profile` (`doit help`).
     """
     task = {
         "basename": name,
@@ -314,6 +319,7 @@ def side_task(
         "actions": [as_doit_action(work)],
         "task_dep": list(deps),
         "verbosity": 2,
+        **reading(variables),
     }
     if uptodate is not None:
         task["uptodate"] = [uptodate]

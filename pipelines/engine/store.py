@@ -45,7 +45,7 @@ class CorruptStepRecord(BadInput):
     """A step record that cannot be read: truncated, not JSON, or without a field explain uses."""
 
 
-class RecordFields(msgspec.Struct):
+class StepFields(msgspec.Struct):
     """The fields of a step record that explain reads (the rest is kept as it is)."""
 
     key: str
@@ -236,4 +236,4 @@ def hold_in_use(root: Path) -> None:
 
 def read_record(path: Path) -> dict[str, Any]:
     """One step record, or CorruptStepRecord with one line naming the file (and field)."""
-    return load_json_object(path, RECORD_MAX_BYTES, CorruptStepRecord, RecordFields)
+    return load_json_object(path, RECORD_MAX_BYTES, CorruptStepRecord, StepFields)

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from pipelines.core.errors import BadInput
-from pipelines.core.files import MiB, describe_json_error, load_json, write_atomic
+from pipelines.core.files import MiB, load_json_object, write_atomic
 from pipelines.core.progress import say
 
 DEPLOYED = "deployed"
@@ -42,7 +42,7 @@ class KeptDeployment(msgspec.Struct):
     engines: list[str] = []
 
 
-class RecordFields(msgspec.Struct):
+class DeploymentFields(msgspec.Struct):
     """The fields of a record that status, rollback, fabric and the bench read, each of its
     type; a missing one reads as its default (records keep fields beyond these)."""
 
@@ -126,11 +126,7 @@ def read_record(path: Path) -> dict[str, Any]:
     """One record, or CorruptDeploymentRecord with one line naming the file (and field)."""
     if not path.stem.isdigit():
         raise CorruptDeploymentRecord(f"{path}: not a record's name (<time_ns>.json)")
-    record = load_json(path, RECORD_MAX_BYTES, CorruptDeploymentRecord)
-    if not isinstance(record, dict):
-        raise CorruptDeploymentRecord(f"{path}: expected a JSON object")
-    try:
-        fields = msgspec.to_builtins(msgspec.convert(record, RecordFields))
-    except msgspec.ValidationError as err:
-        raise CorruptDeploymentRecord(f"{path}: {describe_json_error(str(err))}") from None
+    record = load_json_object(path, RECORD_MAX_BYTES, CorruptDeploymentRecord, DeploymentFields)
+    # Checked above: the fields convert, each a default where the record lacks it.
+    fields = msgspec.to_builtins(msgspec.convert(record, DeploymentFields))
     return {**record, **fields, "deployment": {**record["deployment"], **fields["deployment"]}}

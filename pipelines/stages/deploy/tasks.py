@@ -349,6 +349,7 @@ class Deploy:
             "deploy the built profile, smoke it, then move :stable (restores on failure)",
             self._backend_built(self._in_turn("deploy", self.deploy)),
             deps=["build"],
+            variables=("image_digest", "stager_digest", "prune"),
         )
         if self.ring_staging and not target_of(self.profile).stages_in_render:
             yield side_task(
@@ -357,20 +358,24 @@ class Deploy:
                 " from peers (weights-stager containers)",
                 self._backend_built(self._in_turn("stage_ring", self._stage_ring)),
                 deps=list(self.ring_staging.after),
+                variables=("stager_digest",),
             )
         yield side_task(
             "rollback",
             "restore the previous deployment and point :stable at its image",
             self._backend_built(self._in_turn("rollback", self.rollback)),
+            variables=("prune",),
         )
         yield side_task(
             "status",
             "print what is deployed, whether doit build matches it, and drift (exit 7)",
             self._backend_built(self.deployed.status),
+            variables=("image_digest", "stager_digest"),
         )
         yield side_task(
             "diff",
             "print what doit deploy would change, field by field (exit 6 when anything)",
             self._backend_built(self.deployed.diff),
             deps=[self.render.name],
+            variables=("image_digest", "stager_digest", "prune"),
         )

@@ -202,6 +202,7 @@ class Fabric:
             "all-reduce across the ring as the runtime launches it; check transport, busbw, HCAs",
             self.check,
             deps=["render"],
+            variables=("expect", "prune", "image_digest"),
         )
 
 

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 # What `platform=` may name ("": image.yaml's platform).
 PLATFORMS = ("", "linux/amd64", "linux/arm64")
+# The doit variables its tasks read (besides profile).
+PLATFORM = ("platform",)
 
 
 class Images:
@@ -309,22 +311,24 @@ class Images:
         """The base (when built here), the image and the plan tasks."""
         tasks = []
         if self.base_step:
-            tasks.append(self.engine.task(self.base_step))
+            tasks.append(self.engine.task(self.base_step, PLATFORM))
             tasks.append(
                 side_task(
                     f"{self.prefix}lock_base",
                     "lock the local base's Debian archive (Release, every .deb by sha256);"
                     " says what moved",
                     self.lock_base,
+                    variables=PLATFORM,
                 )
             )
-        tasks.append(self.engine.task(self.image_step))
+        tasks.append(self.engine.task(self.image_step, PLATFORM))
         tasks.append(
             side_task(
                 f"{self.prefix}plan",
                 "print the image's key, base, build args and exact build invocation",
                 self.print_plan,
                 deps=list(self.image_step.after),
+                variables=PLATFORM,
             )
         )
         yield from tasks

@@ -112,4 +112,5 @@ class Provenance:
             "provenance",
             "print what the profile deploys, who built it, from what, and each check's outcome",
             self.show,
+            variables=("image_digest",),
         )

@@ -114,4 +114,4 @@ class Render:
 
     def create_doit_tasks(self) -> Iterator[dict[str, Any]]:
         """The render task."""
-        yield self.engine.task(self.step)
+        yield self.engine.task(self.step, ("image_digest", "stager_digest"))
