@@ -19,8 +19,9 @@ import pytest
 import requests
 import yaml
 from support.act import REPO, TIMEOUT_S, ActRun, Started, finish, start_act
-from support.deploying import free_port, free_ports, second_engine
+from support.deploying import second_engine
 from support.doit import run_doit
+from support.ports import spare_ports
 from support.stack import delete_repository
 
 import devstack as local_stack
@@ -44,14 +45,14 @@ def lab(stack, tmp_path_factory, docker_client):
     profiles.mkdir()
     for name in ("local", "local-ring"):
         profile = yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text())
-        profile["simulator"]["port"] = free_ports(len(profile["members"]))
+        profile["simulator"]["port"] = spare_ports(len(profile["members"]))
         if name == "local-ring":
             # Two members on one host stage the weights (deploy.yml's stage_ring) only with a
             # folder and a link address each, as two hosts would have (tests/test_deploy_staging).
             roots = [tmp_path_factory.mktemp(f"member{rank}") for rank in range(2)]
             profile["members"][0].update(weights_root=str(roots[0]), links={"ring-b": "127.0.0.2"})
             profile["members"][1].update(weights_root=str(roots[1]), links={"ring-a": "127.0.0.3"})
-            profile["staging"] = {"port": free_port(), "peer_wait_s": 120}
+            profile["staging"] = {"port": spare_ports(), "peer_wait_s": 120}
         (profiles / f"{name}.yaml").write_text(yaml.safe_dump(profile))
     namespace = f"sparkforge-act-{uuid.uuid4().hex[:8]}"
     credentials = local_stack.s3_credentials()

@@ -4,7 +4,6 @@ requests named, a busy server refused, and the gate naming the metric that regre
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import requests
 from sim_server import Sim, make_model
+from support.ports import spare_ports
 
 from pipelines.core.paths import REPO_ROOT
 from pipelines.core.profiles import load_profile
@@ -200,13 +200,6 @@ def fault_url():
     server.shutdown()
 
 
-def unused_port() -> int:
-    """A loopback port nothing listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize(
     ("fault", "reason"),
     [
@@ -218,7 +211,7 @@ def unused_port() -> int:
     ],
 )
 def test_a_failed_request_counts_as_failed_with_its_reason(fault_url, fault, reason):
-    url = f"http://127.0.0.1:{unused_port()}" if fault == "unreachable" else fault_url
+    url = f"http://127.0.0.1:{spare_ports()}" if fault == "unreachable" else fault_url
     record = stream_chat(url, {"model": fault, "messages": []}, timeout=1)
     assert not record.ok and reason in record.error
     summary = summarize([record], duration=1.0)
@@ -373,7 +366,7 @@ def test_a_cells_line_names_each_failure_reason_with_its_count(sims, fault_url):
 @pytest.mark.parametrize("where", ["nothing listening", "a URL ending in /v1"])
 def test_a_wrong_url_is_said_at_once_and_exits_3(sims, where):
     sim = sims(SIM_TTFT_S="0.01")
-    url = f"http://127.0.0.1:{unused_port()}" if where == "nothing listening" else f"{sim.url}/v1"
+    url = f"http://127.0.0.1:{spare_ports()}" if where == "nothing listening" else f"{sim.url}/v1"
     started = time.monotonic()
     result = bench_cli("cell", "--url", url, "--model", "sim", "--max-tokens", "8")
     assert time.monotonic() - started < 10  # no 30 s idle wait first

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from support.deploying import member, records, served_models
 from support.doit import REPO
+from support.signals import default_signals
 
 from pipelines.core.modellock import cache_key, load_lock, lock_path
 from pipelines.engine.statcache import StatCache
@@ -187,6 +188,7 @@ def doit(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=default_signals,  # a test stops it with SIGINT or SIGTERM
     )
 
 

@@ -12,12 +12,12 @@ from support.deploying import (
     deploy_variant,
     deployed,
     doit,
-    free_ports,
     member,
     records,
     ring_containers,
     serves_on,
 )
+from support.ports import spare_ports
 
 
 def test_a_ring_deploys_one_member_per_engine_one_over_ssh_and_redeploys_nothing(
@@ -43,7 +43,7 @@ def test_a_member_failing_on_one_host_rolls_back_every_member(ring, stack, docke
     before = ring_containers(ring, stack, docker_client)
     old_port = ring["profile"]["simulator"]["port"]
     changed = {**ring["profile"], "simulator": {**ring["profile"]["simulator"]}}
-    new_port = free_ports(2)
+    new_port = spare_ports(2)
     changed["simulator"]["port"] = new_port
     # Member 1's host has its new port taken: its server cannot start there.
     with socket.socket() as taken:

@@ -21,6 +21,7 @@ from support.deploying import (
     served_models,
     tag_digest,
 )
+from support.signals import default_signals
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -128,9 +129,7 @@ def test_ctrl_c_or_a_stop_signal_during_a_deploy_restores_the_previous_one(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        # As at a terminal: a suite started in the background (`cmd &`, nohup) has SIGINT (and
-        # SIGHUP) ignored, which its children inherit, and then no signal reaches the deploy.
-        preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (sent, signal.SIGINT)],
+        preexec_fn=default_signals,  # as at a terminal, whatever started the suite
     )
     # Interrupt once the new container runs: the deploy is then waiting for it to serve.
     deadline = time.monotonic() + 300

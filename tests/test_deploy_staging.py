@@ -15,11 +15,11 @@ import yaml
 from support.deploying import (
     deployed,
     doit,
-    free_port,
     make_world,
     member,
     second_engine,
 )
+from support.ports import spare_ports
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -34,7 +34,7 @@ def staging_ring(space, stack, tmp_path_factory):
     profile = world["profile"]
     profile["members"][0].update(weights_root=str(roots[0]), links={"ring-b": "127.0.0.2"})
     profile["members"][1].update(weights_root=str(roots[1]), links={"ring-a": "127.0.0.3"})
-    profile["staging"] = {"port": free_port(), "peer_wait_s": 120}
+    profile["staging"] = {"port": spare_ports(), "peer_wait_s": 120}
     (space["profiles"] / f"{world['name']}.yaml").write_text(yaml.safe_dump(profile))
     lock = yaml.safe_load((REPO / "weights" / f"{profile['model']['lock']}.lock.yaml").read_text())
     return {**world, "roots": roots, "lock": lock}

@@ -17,6 +17,7 @@ import pytest
 import requests
 import yaml
 from sim_server import Sim, make_model
+from support.signals import default_signals
 
 from pipelines.core.paths import REPO_ROOT
 
@@ -170,7 +171,9 @@ def test_ctrl_c_exits_130_without_a_traceback(tmp_path):
     try:
         command = [sys.executable, "-m", "pipelines.stages.bench", "probes", "--url", sim.url,
                    "--model", "sim"]  # fmt: skip
-        probes = subprocess.Popen(command, cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True)
+        probes = subprocess.Popen(
+            command, cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals
+        )
         deadline = time.monotonic() + 30
         while not busy(sim.url):  # interrupted inside a request, not while importing
             assert time.monotonic() < deadline and probes.poll() is None

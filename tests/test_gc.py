@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -171,11 +172,11 @@ def test_gc_waits_for_a_run_that_found_a_step_it_would_free(world):
     holder = hold_store(world, key)
     try:
         collector = start_doit(world, "gc", "--delete")
-        time.sleep(3)
-        assert collector.poll() is None  # waiting, not deleting
+        said = said_waiting(collector)  # waiting, not deleting
         assert (world["store"] / "steps" / key).is_dir()
         release(holder)
-        out, _ = collector.communicate(timeout=120)
+        rest, _ = collector.communicate(timeout=120)
+        out = said + rest
     finally:
         holder.kill()
     print(out)
@@ -205,6 +206,20 @@ def release(holder: subprocess.Popen) -> None:
     assert holder.wait(30) == 0
 
 
+def said_waiting(process: subprocess.Popen, timeout: float = 300) -> str:
+    """What a doit run printed up to its line saying it waits for the other runs using the
+    store (it is waiting then, however long it took to start on a loaded machine)."""
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while not lines or "waiting for the other runs using" not in lines[-1]:
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([process.stdout], [], [], max(left, 0))
+        line = process.stdout.readline() if ready else ""
+        assert line, f"never said it waits ({'ended' if ready else 'timed out'}): {lines}"
+        lines.append(line)
+    return "".join(lines)
+
+
 def start_doit(world, *args: str) -> subprocess.Popen:
     """doit on the world's profile and store, in the background, one build kept (N=1)."""
     return subprocess.Popen(
@@ -225,13 +240,13 @@ def test_gc_beside_a_build_breaks_neither(world):
     path = world["profiles"] / f"{world['name']}.yaml"
     try:
         collector = start_doit(world, "gc", "--delete")
-        time.sleep(3)
-        assert collector.poll() is None  # under way: waiting for the holder
+        said = said_waiting(collector)  # under way: waiting for the holder
         path.write_text(yaml.safe_dump(variant(world, 0.38)))
         build = start_doit(world, "build")
         built, _ = build.communicate(timeout=600)
         release(holder)
-        collected, _ = collector.communicate(timeout=120)
+        rest, _ = collector.communicate(timeout=120)
+        collected = said + rest
     finally:
         path.write_text(yaml.safe_dump(world["profile"]))
         holder.kill()

@@ -9,7 +9,7 @@ import hashlib
 import time
 
 import pytest
-from support.deploying import free_port
+from support.ports import spare_ports
 from support.reproducible import (
     REPO,
     assert_one_digest,
@@ -90,7 +90,7 @@ def test_the_arm64_stager_stages_a_small_model_from_s3_in_an_arm64_container(
     _, lock = synthetic
     entries = [(e.name, e.locked_size, e.locked_sha256) for e in lock.files]
     node = RingNode("spark-a", "127.0.0.1", {})
-    plan = plan_ring(lock.model, lock.source, "0" * 64, entries, [node], free_port())
+    plan = plan_ring(lock.model, lock.source, "0" * 64, entries, [node], spare_ports())
     root = tmp_path / "weights"
     root.mkdir()
     docker_client.images.pull(arm64_stager)

@@ -8,13 +8,16 @@ check never reads a byte either way), stages the model folder, then times what `
 asks on a no-op run: every blob intact and the folder exactly the plan, from a fresh handle.
 Target: under 0.3 s wall, no file bytes read.
 
-Then the whole process, as a person waits for it (needs `scripts/stack up` and one finished
-`doit build profile=local`): median of 5 wall times of `doit list` (target 0.35 s) and of a
-no-op `doit build profile=local` (target 0.6 s), beside `python -c "import doit"`.
+Then the whole process, as a person waits for it (needs `scripts/stack up`): medians of 9 wall
+times of `doit list` (target 0.25 s) and of a no-op `doit build profile=local` (target 0.30 s),
+beside `python -c "import doit"`, after one `doit build profile=local` that does the work. With
+`--against COMMIT`, the same for that commit in the same run, its checkout a git worktree
+beside this one (its own store, this checkout's stack), the runs of the two interleaved.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import statistics
@@ -60,35 +63,46 @@ def noop_check(blobs: BlobStore, lock: Lock, folder: Path) -> bool:
 
 
 REPO = Path(__file__).resolve().parents[2]
+RUNS = 9
 
 
-def process_seconds(argv: list[str], runs: int = 5) -> float:
-    """Median wall time of a whole process, start-up included (the first run warms caches)."""
-    subprocess.run(argv, cwd=REPO, capture_output=True, check=True)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run(argv, cwd=REPO, capture_output=True, check=True)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def one_run(argv: list[str], tree: Path) -> float:
+    """Wall seconds of one whole process in a checkout (the stack is this checkout's)."""
+    env = {**os.environ, "SPARKFORGE_STACK_DIR": str(REPO / ".stack")}
+    start = time.perf_counter()
+    subprocess.run(argv, cwd=tree, env=env, capture_output=True, check=True)
+    return time.perf_counter() - start
 
 
-def report_processes() -> None:
-    """Whole-process wall times of the commands a no-op run is made of."""
+def report_processes(trees: dict[str, Path]) -> None:
+    """Whole-process wall times of the commands a no-op run is made of, per checkout."""
     python = sys.executable
     rows = [
         ("python -c 'import doit'", [python, "-c", "import doit"], None),
-        ("doit list", [python, "-m", "doit", "list"], 0.35),
-        ("doit build profile=local (no-op)", [python, "-m", "doit", "build", "profile=local"], 0.6),
+        ("doit list", [python, "-m", "doit", "list"], 0.25),
+        (
+            "doit build profile=local (no-op)",
+            [python, "-m", "doit", "build", "profile=local"],
+            0.30,
+        ),
     ]
-    print("whole process, median of 5:")
+    for tree in trees.values():
+        one_run(rows[2][1], tree)  # the build itself, once: what follows is the no-op
+    print(f"whole process, median of {RUNS} (runs of the checkouts interleaved):")
     for label, argv, target in rows:
-        took = process_seconds(argv)
+        times: dict[str, list[float]] = {name: [] for name in trees}
+        for _ in range(RUNS):
+            for name, tree in trees.items():
+                times[name].append(one_run(argv, tree))
         goal = f" (target {target} s)" if target else ""
-        print(f"  {label}: {took:.2f} s{goal}")
+        took = ", ".join(f"{name} {statistics.median(t):.3f} s" for name, t in times.items())
+        print(f"  {label}: {took}{goal}")
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--against", help="a commit to time beside this checkout")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="noop-") as tmp:
         blobs, lock, folder = full_size_store(Path(tmp))
         times, reads = [], []
@@ -102,7 +116,20 @@ def main() -> None:
             f"  median {statistics.median(times) * 1000:.1f} ms, max {max(times) * 1000:.1f} ms"
             f" (target < 300 ms); bytes read via read(): max {max(reads):,}"
         )
-    report_processes()
+    if not args.against:
+        report_processes({"this checkout": REPO})
+        return
+    with tempfile.TemporaryDirectory(prefix="noop-against-") as tmp:
+        other = Path(tmp) / "tree"
+        subprocess.run(
+            ["git", "worktree", "add", "-q", "--detach", str(other), args.against],
+            cwd=REPO,
+            check=True,
+        )
+        try:
+            report_processes({"this checkout": REPO, args.against[:10]: other})
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(other)], cwd=REPO)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import subprocess
 import uuid
 from pathlib import Path
@@ -17,35 +16,11 @@ import requests
 import yaml
 from support.attestations import vouch_like
 from support.doit import run_doit
+from support.ports import spare_ports
 from support.stack import delete_repository
 
 from pipelines.core.paths import PROFILES_DIR
 from pipelines.stages.images.registry import ACCEPT
-
-
-def free_port() -> int:
-    """A port nothing listens on now (the simulator binds it a few seconds later)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_ports(count: int) -> int:
-    """The first of `count` consecutive ports nothing listens on now."""
-    while True:
-        first = free_port()
-        if all(port_is_free(first + i) for i in range(1, count)):
-            return first
-
-
-def port_is_free(port: int) -> bool:
-    """Whether nothing holds port on 127.0.0.1."""
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +67,7 @@ def make_world(space, stack, base: str, name: str) -> dict:
     """A profile called name made from profiles/<base>.yaml on free ports, in the space."""
     profile = yaml.safe_load((PROFILES_DIR / f"{base}.yaml").read_text())
     profile["name"] = name
-    profile["simulator"]["port"] = free_ports(len(profile["members"]))
+    profile["simulator"]["port"] = spare_ports(len(profile["members"]))
     (space["profiles"] / f"{name}.yaml").write_text(yaml.safe_dump(profile))
     return {
         **space,

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
-
-from securesystemslib.dsse import Envelope
-from securesystemslib.exceptions import VerificationError
-from securesystemslib.signer import CryptoSigner, SSlibKey
+from typing import TYPE_CHECKING, Any
 
 from pipelines.core.signing.namedkeys import PublicKey, SigningKey
+
+# securesystemslib is imported where an envelope is made or opened (it loads boto3 for its AWS
+# signer): listing tasks needs none.
+if TYPE_CHECKING:
+    from securesystemslib.signer import SSlibKey
 
 IN_TOTO_PAYLOAD = "application/vnd.in-toto+json"
 # An envelope is a few kilobytes; anything far bigger is not one of ours.
@@ -32,11 +33,16 @@ class Opened:
 
 def sslib_key(key: PublicKey) -> SSlibKey:
     """The securesystemslib form of a named key (its keyid is the name)."""
+    from securesystemslib.signer import SSlibKey
+
     return SSlibKey.from_crypto(key.key, keyid=key.name)
 
 
 def sign_statement(payload: bytes, key: SigningKey) -> bytes:
     """The DSSE envelope (JSON) of a Statement's JSON, signed by key."""
+    from securesystemslib.dsse import Envelope
+    from securesystemslib.signer import CryptoSigner
+
     envelope = Envelope(payload, IN_TOTO_PAYLOAD, {})
     envelope.sign(CryptoSigner(key.key, sslib_key(key.public)))
     return json.dumps(envelope.to_dict(), sort_keys=True).encode()
@@ -44,6 +50,9 @@ def sign_statement(payload: bytes, key: SigningKey) -> bytes:
 
 def open_envelope(data: bytes, trusted: dict[str, PublicKey]) -> Opened:
     """The Statement of an envelope one trusted key signed, or Unverified with the reason."""
+    from securesystemslib.dsse import Envelope
+    from securesystemslib.exceptions import VerificationError
+
     if len(data) > MAX_ENVELOPE_BYTES:
         raise Unverified(f"{len(data)} bytes, over the {MAX_ENVELOPE_BYTES} an envelope may be")
     try:

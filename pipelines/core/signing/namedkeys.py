@@ -20,14 +20,17 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from pipelines.core.errors import BadInput
 from pipelines.core.files import create_once
+
+# cryptography is imported where a key is parsed, made or used: listing tasks needs none.
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
 
 NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 SECRET_FORM = "name:base64 of an ed25519 seed (32 bytes) or seed and public key (64)"
@@ -48,11 +51,15 @@ class PublicKey:
     @property
     def text(self) -> str:
         """The key as it is trusted: `name:base64`."""
+        from cryptography.hazmat.primitives import serialization
+
         raw = self.key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         return f"{self.name}:{base64.b64encode(raw).decode()}"
 
     def verifies(self, message: bytes, signature: bytes) -> bool:
         """True when signature is this key's of message."""
+        from cryptography.exceptions import InvalidSignature
+
         try:
             self.key.verify(signature, message)
         except InvalidSignature:
@@ -75,6 +82,8 @@ class SigningKey:
     @property
     def text(self) -> str:
         """The secret as it is stored: `name:base64` of the seed (a secret: never print it)."""
+        from cryptography.hazmat.primitives import serialization
+
         seed = self.key.private_bytes(
             serialization.Encoding.Raw,
             serialization.PrivateFormat.Raw,
@@ -96,6 +105,8 @@ def split_named(text: str) -> tuple[str, bytes] | None:
 
 def signing_key(text: str, where: str) -> SigningKey:
     """The secret key in text (`name:base64`); where names its source. Errors never quote it."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     parts = split_named(text)
     if parts is None or len(parts[1]) not in (32, 64):
         raise BadInput(f"{where}: expected {SECRET_FORM}")
@@ -110,6 +121,8 @@ def signing_key(text: str, where: str) -> SigningKey:
 
 def public_key(text: str, where: str) -> PublicKey:
     """A trusted key (`name:base64`); the text is public, so the error quotes it."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     parts = split_named(text)
     if parts is None or len(parts[1]) != 32:
         raise BadInput(f"{where}: {text.strip()[:120]!r} is not {PUBLIC_FORM}")
@@ -149,6 +162,8 @@ def trusted_keys(texts: Iterable[str], where: str) -> dict[str, PublicKey]:
 
 def generate(name: str) -> SigningKey:
     """A new secret key named name."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     if not re.fullmatch(NAME, name):
         raise BadInput(f"key name {name!r}: expected {NAME} (letters, digits, '.', '_', '-')")
     return SigningKey(name, Ed25519PrivateKey.generate())

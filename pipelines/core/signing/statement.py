@@ -8,10 +8,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from google.protobuf import json_format
-from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
-from in_toto_attestation.v1.statement import Statement
-
 SLSA_PROVENANCE_V1 = "https://slsa.dev/provenance/v1"
 # Our own build type (a URN is a URI, as SLSA asks): what externalParameters hold is ours.
 IMAGE_BUILD_TYPE = "urn:sparkforge:image-build:v1"
@@ -66,6 +62,11 @@ def provenance_predicate(build: ImageBuild) -> dict[str, Any]:
 
 def image_statement(build: ImageBuild) -> bytes:
     """The Statement's JSON (the DSSE payload), made and validated by the in-toto bindings."""
+    # Imported here, where a Statement is made: listing tasks needs neither.
+    from google.protobuf import json_format
+    from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
+    from in_toto_attestation.v1.statement import Statement
+
     if not DIGEST.fullmatch(build.digest):
         raise ValueError(f"image digest {build.digest!r}: expected sha256:<64 hex>")
     subject = ResourceDescriptor(name=build.name, digest={"sha256": build.digest[7:]})

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from pipelines.core.errors import BadInput
-from pipelines.engine.remote.remote import RemoteCache
-from pipelines.engine.remote.signing import TRUSTED_ENV, cache_signing_key, cache_trusted_keys
+from typing import TYPE_CHECKING
 
-__all__ = ["RemoteCache", "remote_cache"]
+from pipelines.core.errors import BadInput
+
+# The cache's modules (S3, signatures) are imported when one is configured: dodo.py asks for
+# one at every start, `doit list` included.
+if TYPE_CHECKING:
+    from pipelines.engine.remote.remote import RemoteCache
+
+__all__ = ["remote_cache"]
 
 
 def remote_cache(
@@ -15,6 +20,9 @@ def remote_cache(
     """The remote cache the settings ask for, or None; a writer also trusts its own key."""
     if not url:
         return None
+    from pipelines.engine.remote.remote import RemoteCache
+    from pipelines.engine.remote.signing import TRUSTED_ENV, cache_signing_key, cache_trusted_keys
+
     signer = cache_signing_key(signing) if signing else None
     keys = cache_trusted_keys(trusted)
     if signer is not None:
