@@ -288,3 +288,51 @@ def test_one_name_for_two_model_keys_is_refused_and_several_names_are_trusted():
     twin = generate_model_key("a")
     with pytest.raises(BadInput, match="key name 'a' is given for two different keys"):
         trusted_model_keys([first.public.text, twin.public.text], "t")
+
+
+# Asks the local profile's ModelSignature (store argv[1]) whether the lock is signed, and says
+# whether the model signing library had to be loaded to answer.
+SIGNED_ASKED = """
+import sys
+from pathlib import Path
+from pipelines.core.modellock import load_lock, lock_path
+from pipelines.core.profiles import load_profile
+from pipelines.core.settings import read_settings
+from pipelines.engine.store import Store
+from pipelines.stages.weights.signing import ModelSignature
+profile = load_profile("local")
+lock = lambda: load_lock(lock_path(profile.model.lock))
+signature = ModelSignature(
+    profile, Store(Path(sys.argv[1])), read_settings({}), lock, lambda: {}, lambda: []
+)
+if sys.argv[2:] == ["sign"]:
+    signature.sign()
+print(signature.signed(), "model_signing" in sys.modules)
+"""
+
+
+def signed_asked(store: Path, *args: str) -> str:
+    """`signed()` in a fresh process: 'True False' is signed, without the library loaded."""
+    run = subprocess.run(
+        [sys.executable, "-c", SIGNED_ASKED, str(store), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SPARKFORGE_")},
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout.split("\n")[-2]
+
+
+def test_a_verified_signature_is_not_verified_again_until_what_decides_it_changes(tmp_path):
+    store = tmp_path / "store"
+    assert signed_asked(store, "sign") == "True True"  # signed, then verified by the library
+    assert signed_asked(store) == "True False"  # the no-op check: the verdict, kept
+    signature = next((store / "signatures").iterdir())
+    data = json.loads(signature.read_text())
+    data["signature"] = "AAAA" + data.get("signature", "")[4:]
+    signature.write_text(json.dumps(data))  # another signature: asked of the library again
+    assert signed_asked(store) == "False True"
+    (store / "keys").rename(tmp_path / "other-keys")  # another key trusted: likewise
+    assert signed_asked(store, "sign") == "True True"
+    assert signed_asked(store) == "True False"

@@ -7,18 +7,13 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Protocol, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
-from rich.progress import Progress as RichProgress
+# rich draws the live display on a terminal, imported when one is shown: every module prints
+# through this one, and listing the tasks draws nothing.
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress
+    from rich.progress import TaskID
 
 GiB = 1 << 30
 
@@ -90,6 +85,16 @@ class Progress:
         self._stop = threading.Event()
         self._rich: RichProgress | None = None
         if stream.isatty():
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
+            from rich.progress import Progress as RichProgress
+
             self._rich = RichProgress(
                 TextColumn("{task.description}"),
                 BarColumn(),

@@ -3,11 +3,14 @@ lock's manifest with the model key (`doit sign_weights`), and checking it before
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipelines.core.errors import BadInput, PipelineError
+from pipelines.core.files import write_atomic
 from pipelines.core.modellock import Lock, lock_path
 from pipelines.core.progress import say
 from pipelines.core.settings import Settings
@@ -71,8 +74,37 @@ class ModelSignature:
         say("sign_weights", f"{self.signature_file} ({len(lock.files)} files, key {key.name})")
 
     def signed(self) -> bool:
-        """True when the signature verifies and signs the lock as it is."""
-        return not self.problems(folders=False)
+        """True when the signature verifies and signs the lock as it is.
+
+        The verdict is kept in the store under the hash of what decides it (the signature's
+        bytes, the lock's, the trusted keys): a no-op build asks again without loading the model
+        signing library (some 0.4 s), and any change to one of them asks the library anew.
+        """
+        verdict = self._verdict()
+        if verdict is not None and verdict.exists():
+            return True
+        if self.problems(folders=False):
+            return False
+        if verdict is not None:
+            write_atomic(verdict, b"verified\n")
+        return True
+
+    def _verdict(self) -> Path | None:
+        """Where a verified signature of the lock as it is now is noted (None: nothing to key
+        it by, the signature or the lock unreadable, or no trusted key)."""
+        from pipelines.stages.weights.modelkeys import model_trusted
+
+        try:
+            trusted = model_trusted(self.settings, self._local_keys())
+            material = {
+                "signature": hashlib.sha256(self.signature_file.read_bytes()).hexdigest(),
+                "lock": hashlib.sha256(self.lock_file().read_bytes()).hexdigest(),
+                "trusted": sorted(key.text for key in trusted.values()),
+            }
+        except (PipelineError, OSError):
+            return None
+        key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+        return self.store.area("verified") / key
 
     def problems(self, folders: bool = True) -> list[str]:
         """One line when the model's signature does not verify: a trusted key, the lock's
