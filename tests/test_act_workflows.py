@@ -18,7 +18,7 @@ import docker
 import pytest
 import requests
 import yaml
-from support.act import REPO, TIMEOUT_S, ActRun, Started, finish, start_act
+from support.act import REPO, TIMEOUT_S, ActRun, Started, finish, start_act, wheelhouse
 from support.deploying import second_engine
 from support.doit import run_doit
 from support.ports import spare_ports
@@ -84,6 +84,10 @@ def lab(stack, tmp_path_factory, docker_client):
             "SPARKFORGE_PROFILES": str(profiles),
             "SPARKFORGE_DEPLOY_TIMEOUT": "60",
             "PIP_CACHE_DIR": PIP_CACHE,
+            # The lab runner's own wheelhouse: each job installs the lock from it, asking no
+            # index (the hashes are checked all the same).
+            "PIP_NO_INDEX": "1",
+            "PIP_FIND_LINKS": str(wheelhouse()),
             "LANG": "C.UTF-8",
         }
     )

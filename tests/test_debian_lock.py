@@ -138,7 +138,7 @@ def bump(root: Path, name: str, suffix: str, in_place: bool) -> tuple[str, str]:
     return version, f"{version}{suffix}"
 
 
-@pytest.mark.stack  # a Debian mirror served here, and debootstrap three times
+@pytest.mark.stack  # a Debian mirror served here, and debootstrap twice
 def test_a_mirror_that_moved_stops_the_build_and_a_refresh_gives_one_new_digest(
     mirror, tmp_path, capsys
 ):
@@ -188,11 +188,9 @@ def test_a_mirror_that_moved_stops_the_build_and_a_refresh_gives_one_new_digest(
     fresh = Engine(Store(tmp_path / "store"))  # a new process: keys are memoized per process
     second_key = fresh.key(ImagesOf(folder, fresh).base_step)
     assert second_key != first_key
-    again = [
-        build_base(local, lock, arch, epoch, tmp_path / f"c{n}", tmp_path / f"cdebs{n}").digest
-        for n in (1, 2)
-    ]
-    assert again[0] == again[1] != first.digest
+    # One new digest: that its builds agree is the reproducibility tests' (test_reproducible*).
+    again = build_base(local, lock, arch, epoch, tmp_path / "c", tmp_path / "cdebs")
+    assert again.digest != first.digest
 
 
 @pytest.mark.parametrize(

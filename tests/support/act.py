@@ -71,6 +71,44 @@ def local_repositories() -> list[str]:
     return flags
 
 
+def wheelhouse() -> Path:
+    """The lock's wheels in one folder of the checkout's cache, fetched once (by the first
+    worker to ask; the others wait for it): a runner's local wheelhouse, so that each job's
+    `pip install -r requirements.lock` installs without asking an index."""
+    import fcntl
+    import hashlib
+    import shutil
+
+    lock = REPO / "requirements.lock"
+    digest = hashlib.sha256(lock.read_bytes()).hexdigest()[:16]
+    folder = REPO / ".cache" / f"wheelhouse-{digest}"
+    folder.parent.mkdir(exist_ok=True)
+    with open(REPO / ".cache" / "wheelhouse.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if not folder.is_dir():
+            partial = folder.with_name(folder.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--quiet",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "--require-hashes",
+                    "-r",
+                    str(lock),
+                    "--dest",
+                    str(partial),
+                ],  # fmt: skip
+                check=True,
+            )
+            partial.rename(folder)  # complete, or absent
+    return folder
+
+
 def dotenv(values: dict[str, str]) -> str:
     """KEY="value" lines act's --secret-file and --var-file read (multi-line values escaped)."""
     return "".join(f"{name}={json.dumps(value)}\n" for name, value in values.items())
