@@ -142,6 +142,40 @@ def test_doit_with_a_bad_profile_exits_nonzero_with_one_line():
     assert "profile 'no-such-ring'" in result.stderr and "tp3-ring" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "{tmp}/evil",
+        "../../../../{tmp}/evil",
+        "evil/../tp3-ring",
+        "a" * 300,
+        "Local",
+        "tp3-ring.yaml",
+    ],
+)
+def test_a_profile_name_is_a_name_never_a_path(tmp_path, name):
+    # A valid profile where a path would find it: only the name check keeps it from loading.
+    (tmp_path / "evil.yaml").write_text(
+        (PROFILES_DIR / "local.yaml").read_text().replace("name: local", "name: evil")
+    )
+    name = name.format(tmp=tmp_path)
+    with pytest.raises(ProfileError) as refused:
+        load_profile(name)
+    said = str(refused.value)
+    assert said.endswith("expected a profile name (lowercase letters, digits and '-', at most 63),"
+                         " not a path")  # fmt: skip
+    assert len(said) < 200  # a long value is shortened, never echoed whole
+
+
+def test_a_path_as_profile_is_one_line_and_exit_2(tmp_path):
+    result = run_doit("list", f"profile={tmp_path}/evil")
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"error: profile='{tmp_path}/evil': expected a profile name (lowercase letters, digits"
+        " and '-', at most 63), not a path\n"
+    )
+
+
 def doit_without_a_stack(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     """doit in the checkout with the local stack's folder empty: nothing runs, nothing recorded."""
     env = {**os.environ, "SPARKFORGE_STACK_DIR": str(tmp_path / "no-stack")}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
 
@@ -412,8 +413,19 @@ def required(section: S | None, field: str, profile: Profile) -> S:
     return section
 
 
+# A profile name is a name, never a path: it becomes a file name here, a folder of records and
+# a label value (63 characters at most) on what deploy makes.
+PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+
+
 def profile_path(name: str, folder: Path = PROFILES_DIR) -> Path:
-    """The YAML file of a profile name."""
+    """The YAML file of a profile name; ProfileError for anything that is not a name."""
+    if not PROFILE_NAME.fullmatch(name):
+        shown = name if len(name) <= 80 else name[:77] + "..."
+        raise ProfileError(
+            f"profile={shown!r}: expected a profile name (lowercase letters, digits and '-',"
+            " at most 63), not a path"
+        )
     return folder / f"{name}.yaml"
 
 
