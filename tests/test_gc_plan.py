@@ -182,7 +182,7 @@ def test_a_ledger_that_cannot_be_read_is_one_line(tmp_path, content):
 
 @pytest.mark.parametrize("value", ["-1", "a week", "1e3"])
 def test_a_bad_tag_days_setting_is_one_line(value):
-    with pytest.raises(BadInput, match=r"SPARKFORGE_GC_TAG_DAYS=.*number of days"):
+    with pytest.raises(BadInput, match=r"SPARKFORGE_GC_TAG_DAYS=.*number from 0 to 36,500"):
         read_settings({"SPARKFORGE_GC_TAG_DAYS": value})
 
 

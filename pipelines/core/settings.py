@@ -70,18 +70,71 @@ class Settings:
     gc_tag_days: float = 30.0
 
 
-def positive(environ: Mapping[str, str], name: str) -> float | None:
-    """A positive number from the environment, None when unset; one line when malformed."""
+# A number as a person writes one: digits, an optional fraction; no sign, exponent, inf or
+# nan, and short (Python refuses to read ints past 4,300 digits with a traceback).
+DECIMAL = re.compile(r"[0-9]{1,12}(\.[0-9]{1,6})?")
+
+
+def shown(value: str) -> str:
+    """A value from the environment as an error line quotes it: repr, shortened."""
+    return repr(value if len(value) <= 40 else value[:37] + "...")
+
+
+# The store's deepest paths add some 200 characters to its folder; Linux allows 4,096 in all
+# and 255 bytes a name.
+PATH_MAX = 1024
+
+
+def path_setting(environ: Mapping[str, str], name: str) -> Path | None:
+    """A folder or file named by the environment, made absolute; None when unset; one line
+    when it could not be a path here (too long, a name over 255 bytes, a NUL)."""
     value = environ.get(name)
     if not value:
         return None
-    try:
-        parsed = float(value)
-    except ValueError:
-        parsed = 0
-    if parsed <= 0:
-        raise BadInput(f"environment {name}={value!r}: expected a positive number")
-    return parsed
+    names = value.encode(errors="surrogateescape").split(b"/")
+    if "\0" in value or len(value) > PATH_MAX or any(len(part) > 255 for part in names):
+        raise BadInput(
+            f"environment {name}={shown(value)}: expected a path of at most {PATH_MAX}"
+            " characters, each name at most 255 bytes"
+        )
+    return Path(value).absolute()
+
+
+def plain(number: float) -> str:
+    """A bound as a person reads it: 2,592,000, 0.001."""
+    return f"{int(number):,}" if number == int(number) else f"{number:g}"
+
+
+def bounded(environ: Mapping[str, str], name: str, low: float, high: float) -> float | None:
+    """A number between low and high (both included) from the environment, None when unset;
+    one line naming the variable and the range otherwise."""
+    value = environ.get(name)
+    if not value:
+        return None
+    if not DECIMAL.fullmatch(value) or not low <= float(value) <= high:
+        raise BadInput(
+            f"environment {name}={shown(value)}: expected a number from {plain(low)} to"
+            f" {plain(high)}"
+        )
+    return float(value)
+
+
+def days_or(value: float | None, default: float) -> float:
+    """value, or default when unset (0 is a value: tags of any age)."""
+    return default if value is None else value
+
+
+def whole(environ: Mapping[str, str], name: str, low: int, high: int) -> int | None:
+    """A whole number between low and high from the environment, None when unset."""
+    value = environ.get(name)
+    if not value:
+        return None
+    if not re.fullmatch(r"[0-9]{1,9}", value) or not low <= int(value) <= high:
+        raise BadInput(
+            f"environment {name}={shown(value)}: expected a whole number from {plain(low)} to"
+            f" {plain(high)}"
+        )
+    return int(value)
 
 
 def secret_values(environ: Mapping[str, str]) -> tuple[str, ...]:
@@ -110,18 +163,22 @@ def kube_dry_run(environ: Mapping[str, str]) -> bool:
 
 def read_settings(environ: Mapping[str, str]) -> Settings:
     """The settings of this run, from environ (os.environ at the edge)."""
-    workers = positive(environ, "SPARKFORGE_FETCH_WORKERS")
     return Settings(
-        store=Path(environ.get(STORE_ENV) or DEFAULT_STORE).absolute(),
-        weights=Path(environ[WEIGHTS_ENV]).absolute() if environ.get(WEIGHTS_ENV) else None,
-        fetch_part_mib=positive(environ, "SPARKFORGE_FETCH_PART_MIB"),
-        fetch_workers=int(workers) if workers else None,
-        fetch_max_mbps=positive(environ, "SPARKFORGE_FETCH_MAX_MBPS"),
+        store=path_setting(environ, STORE_ENV) or DEFAULT_STORE.absolute(),
+        weights=path_setting(environ, WEIGHTS_ENV),
+        # A part of at least 1 MiB (less is many ranges of a few bytes), at most 1 GiB (held in
+        # memory while it streams).
+        fetch_part_mib=bounded(environ, "SPARKFORGE_FETCH_PART_MIB", 1, 1024),
+        fetch_workers=whole(environ, "SPARKFORGE_FETCH_WORKERS", 1, 256),
+        fetch_max_mbps=bounded(environ, "SPARKFORGE_FETCH_MAX_MBPS", 0.001, 1_000_000),
         fetch_durable=environ.get("SPARKFORGE_FETCH_FSYNC", "1") != "0",
         builder=environ.get(BUILDER_ENV) or None,
-        deploy_timeout_s=positive(environ, "SPARKFORGE_DEPLOY_TIMEOUT") or DEPLOY_TIMEOUT_S,
-        stage_timeout_s=positive(environ, "SPARKFORGE_STAGE_TIMEOUT") or 6 * 3600.0,
-        profiles=Path(environ.get("SPARKFORGE_PROFILES") or PROFILES_DIR).absolute(),
+        # Finite, so that a deploy that never serves is rolled back: a second to a week (staging
+        # 460 GB: up to thirty days).
+        deploy_timeout_s=bounded(environ, "SPARKFORGE_DEPLOY_TIMEOUT", 1, 7 * 86400)
+        or DEPLOY_TIMEOUT_S,
+        stage_timeout_s=bounded(environ, "SPARKFORGE_STAGE_TIMEOUT", 1, 30 * 86400) or 6 * 3600.0,
+        profiles=path_setting(environ, "SPARKFORGE_PROFILES") or PROFILES_DIR.absolute(),
         registry_namespace=registry_namespace(environ),
         secrets=secret_values(environ),
         kubeconfig=environ.get("KUBECONFIG") or None,
@@ -134,48 +191,20 @@ def read_settings(environ: Mapping[str, str]) -> Settings:
         cache_readonly=flag(environ, "SPARKFORGE_CACHE_READONLY"),
         buildx_cache=buildx_cache(environ),
         signing_key=environ.get("SPARKFORGE_SIGNING_KEY") or None,
-        signing_key_file=(
-            Path(environ["SPARKFORGE_SIGNING_KEY_FILE"]).absolute()
-            if environ.get("SPARKFORGE_SIGNING_KEY_FILE")
-            else None
-        ),
+        signing_key_file=path_setting(environ, "SPARKFORGE_SIGNING_KEY_FILE"),
         trusted_keys=key_list(environ.get("SPARKFORGE_TRUSTED_KEYS", "")),
         model_signing_key=environ.get("SPARKFORGE_MODEL_SIGNING_KEY") or None,
-        model_signing_key_file=(
-            Path(environ["SPARKFORGE_MODEL_SIGNING_KEY_FILE"]).absolute()
-            if environ.get("SPARKFORGE_MODEL_SIGNING_KEY_FILE")
-            else None
-        ),
+        model_signing_key_file=path_setting(environ, "SPARKFORGE_MODEL_SIGNING_KEY_FILE"),
         model_trusted_keys=key_list(environ.get("SPARKFORGE_MODEL_TRUSTED_KEYS", "")),
         source_repository=environ.get("GITHUB_REPOSITORY") or "local checkout",
-        gc_keep_builds=count(environ, "SPARKFORGE_GC_KEEP_BUILDS", 3),
-        gc_tag_days=days(environ, "SPARKFORGE_GC_TAG_DAYS", 30.0),
+        gc_keep_builds=whole(environ, "SPARKFORGE_GC_KEEP_BUILDS", 1, 10_000) or 3,
+        gc_tag_days=days_or(bounded(environ, "SPARKFORGE_GC_TAG_DAYS", 0, 36_500), 30.0),
     )
 
 
 def key_list(value: str) -> tuple[str, ...]:
     """The keys of a list separated by commas or spaces (Nix separates trusted keys by spaces)."""
     return tuple(k for k in re.split(r"[,\s]+", value) if k)
-
-
-def days(environ: Mapping[str, str], name: str, default: float) -> float:
-    """A number of days (0 or more) from the environment, default when unset."""
-    value = environ.get(name)
-    if not value:
-        return default
-    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", value):
-        raise BadInput(f"environment {name}={value!r}: expected a number of days (0 or more)")
-    return float(value)
-
-
-def count(environ: Mapping[str, str], name: str, default: int) -> int:
-    """A whole number of at least 1 from the environment, default when unset."""
-    value = environ.get(name)
-    if not value:
-        return default
-    if not re.fullmatch(r"[0-9]+", value) or int(value) < 1:
-        raise BadInput(f"environment {name}={value!r}: expected a whole number of at least 1")
-    return int(value)
 
 
 def buildx_cache(environ: Mapping[str, str]) -> str | None:
