@@ -241,7 +241,7 @@ def test_the_model_key_comes_from_its_own_settings_and_a_local_stack_trusts_its_
         model_signer(missing, None)
     assert str(err.value) == (
         f"environment SPARKFORGE_MODEL_SIGNING_KEY_FILE={tmp_path / 'none'}:"
-        " cannot read the key file (No such file or directory)"
+        " cannot read the key file (file not found)"
     )
     local = read_settings({})
     own = model_signer(local, tmp_path / "keys")

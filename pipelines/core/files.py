@@ -8,6 +8,7 @@ import fcntl
 import hashlib
 import os
 import secrets
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -155,22 +156,46 @@ def create_once(path: Path, data: bytes, mode: int = 0o600) -> None:
 
 
 def read_capped(path: Path, cap: int, error: type[PipelineError]) -> bytes:
-    """A file's bytes, or error naming it when it holds more than cap (never reads past cap+1:
-    a file of any size costs at most cap bytes of memory)."""
+    """A regular file's bytes, or error naming it when it holds more than cap (never reads past
+    cap+1: a file of any size costs at most cap bytes of memory) or is no regular file.
+
+    Opened without blocking and checked before a byte is read: a FIFO, a device or a socket
+    put where a record or a key was expected is refused at once instead of hanging the command.
+    """
     try:
-        with open(path, "rb") as f:
-            # Sized by the file, not the cap: a read of cap+1 bytes allocates them all first.
-            size = os.fstat(f.fileno()).st_size
-            data = f.read(min(size, cap) + 1)
-            if size < len(data) <= cap:  # grown since, or a file that reports no size
-                data += f.read(cap + 1 - len(data))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise error(f"{path}: file not found") from None
-    except IsADirectoryError:
-        raise error(f"{path}: a folder, expected a file") from None
+    except OSError as err:
+        raise error(f"{path}: cannot be opened: {err.strerror}") from None
+    found = os.fstat(fd)
+    if not stat.S_ISREG(found.st_mode):
+        os.close(fd)
+        if stat.S_ISDIR(found.st_mode):
+            raise error(f"{path}: a folder, expected a file") from None
+        raise error(f"{path}: {file_kind(found.st_mode)}, expected a regular file") from None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            # Sized by the file, not the cap: a read of cap+1 bytes allocates them all first.
+            data = f.read(min(found.st_size, cap) + 1)
+            if found.st_size < len(data) <= cap:  # grown since, or a file that reports no size
+                data += f.read(cap + 1 - len(data))
+        except OSError as err:
+            raise error(f"{path}: cannot be read: {err.strerror}") from None
     if len(data) > cap:
         raise error(f"{path}: larger than {size_text(cap)}; refused unread") from None
     return data
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, in a word or two."""
+    kinds = [
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ]
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 def last_line(log: Path) -> str | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from pipelines.core.errors import BadInput
-from pipelines.core.files import create_once
+from pipelines.core.files import create_once, read_capped
 
 # cryptography is imported where a key is parsed, made or used: listing tasks needs none.
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     )
 
 NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+KEY_FILE_MAX_BYTES = 64 << 10
 SECRET_FORM = "name:base64 of an ed25519 seed (32 bytes) or seed and public key (64)"
 PUBLIC_FORM = "name:base64 of an ed25519 public key (32 raw bytes)"
 KeyT = TypeVar("KeyT", bound="Named")
@@ -204,12 +205,22 @@ class Secret(Protocol[PublicT_co]):
 
 
 def read_key_file(path: Path, setting: str, parse: Callable[[str, str], KeyT]) -> KeyT:
-    """The key in the file a setting names, parsed by parse; one line when it cannot be read."""
+    """The key in the file a setting names, parsed by parse; one line when it cannot be read
+    (missing, not a regular file, over KEY_FILE_MAX_BYTES: a key is some 100 bytes)."""
     try:
-        text = path.read_text()
-    except OSError as err:
-        raise BadInput(f"{setting}={path}: cannot read the key file ({err.strerror})") from None
+        data = read_capped(path, KEY_FILE_MAX_BYTES, KeyFileError)
+    except KeyFileError as err:
+        reason = str(err).removeprefix(f"{path}: ")
+        raise BadInput(f"{setting}={path}: cannot read the key file ({reason})") from None
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise BadInput(f"{setting}={path}: the key file is not text") from None
     return parse(text, f"{path} (named by {setting})")
+
+
+class KeyFileError(BadInput):
+    """A key file that cannot be read as one (exit 2)."""
 
 
 @dataclass(frozen=True)
