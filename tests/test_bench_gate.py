@@ -12,7 +12,8 @@ from pipelines.stages.bench.failures import BenchInconclusive
 from pipelines.stages.bench.gate import INCONCLUSIVE, PASSED, REGRESSED, gate_rows, judge
 from pipelines.stages.bench.intervals import bootstrap_interval
 from pipelines.stages.bench.load import CellSpec, run_repeated
-from pipelines.stages.bench.run import sweep_body
+from pipelines.stages.bench.run import gate, sweep_body
+from pipelines.stages.bench.tasks import outcome
 
 WINDOW = SimpleNamespace(metric="decode.c1.median_window_tok_s", value=400.0, tolerance=0.05,
                          better="higher")  # fmt: skip
@@ -81,3 +82,20 @@ def test_ten_benches_of_one_server_never_flip_and_8_percent_slower_is_regressed_
             sim.stop()
     assert REGRESSED not in verdicts["same"] and PASSED not in verdicts["8% slower"]
     assert verdicts["8% slower"] == [REGRESSED] * 10
+
+
+def test_a_run_the_gate_cannot_decide_ends_with_exit_5_naming_the_metric(tmp_path):
+    # What `doit bench` does with a gated run: gate() lists what it cannot decide, and the
+    # stage's outcome is BenchInconclusive (5), not passed (0), and not a regression (4).
+    results = {**runs(372.0, 396.0, 384.0), "failures": []}
+    gate(results, [WINDOW])
+    ended = outcome(results, [WINDOW], "local", tmp_path / "report.md")
+    assert isinstance(ended, BenchInconclusive) and ended.exit_code == 5
+    assert str(ended) == (
+        f"bench local inconclusive (report {tmp_path / 'report.md'}): nothing regressed for"
+        " sure, but:\n  decode.c1.median_window_tok_s: 384 against baseline 400 (-4.0%;"
+        " tolerance 5% lower): inconclusive: the 95% interval 372..396 over 3 runs spans the"
+        " limit 380; about 24 more runs would decide"
+    )
+    decided = {**runs(398.0, 402.0, 400.0), "failures": []}
+    assert outcome(gate(decided, [WINDOW]), [WINDOW], "local", tmp_path / "report.md") is None

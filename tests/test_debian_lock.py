@@ -5,6 +5,7 @@ refreshes the lock on purpose and says what moved; two clean builds give one dig
 from __future__ import annotations
 
 import functools
+import hashlib
 import lzma
 import shutil
 import subprocess
@@ -22,9 +23,10 @@ from pipelines.engine.steps import Engine
 from pipelines.engine.store import Store
 from pipelines.stages.images import Images
 from pipelines.stages.images.base import build_base
-from pipelines.stages.images.debian_archive import lock_suite
+from pipelines.stages.images.debian_archive import fetch_deb, lock_suite
 from pipelines.stages.images.debian_lock import (
     BaseLockError,
+    Deb,
     load_debian_lock,
     lock_changes,
     lock_file,
@@ -268,3 +270,24 @@ def test_a_packages_entry_naming_a_path_out_of_the_pool_is_refused_when_locking(
         f"Debian mirror: {url} bookworm {debian_arch()}: package '{BUMPED}':"
         " field 'filename': expected `str` matching regex"
     )
+
+
+def test_a_deb_whose_bytes_changed_at_its_locked_size_is_refused(mirror, tmp_path):
+    # The size check alone would take it: only the sha256, computed as it streams, refuses.
+    url, root = mirror
+    path = next((root / "pool" / "main").glob("*.deb"))
+    data = bytearray(path.read_bytes())
+    locked = Deb(
+        name="x",
+        version="1",
+        filename=str(path.relative_to(root)),
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+    )
+    data[len(data) // 2] ^= 0xFF  # one byte flipped, the size the same
+    path.write_bytes(bytes(data))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    said = fetch_deb(url, locked, cache)
+    assert said == f"the mirror serves other bytes for {locked.filename}"
+    assert list(cache.iterdir()) == []  # nothing kept of what was refused

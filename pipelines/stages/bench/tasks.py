@@ -30,6 +30,24 @@ def failure_of(results: dict[str, Any], baseline: list[Any]) -> type[BenchError]
     return BenchRegression if regressed(results, baseline) else BenchError
 
 
+def outcome(
+    results: dict[str, Any], baseline: list[Any], name: str, report: Path
+) -> BenchError | None:
+    """The error a gated run ends with (its exit code what CI acts on), None when it passed:
+    failures first (regressed 4, unmeasured 3, else 1), then what the gate cannot decide (5)."""
+    if results["failures"]:
+        lines = "\n".join(f"  {f}" for f in results["failures"])
+        failure = failure_of(results, baseline)
+        return failure(f"bench {name} failed (report {report}):\n{lines}")
+    if results["inconclusive"]:
+        lines = "\n".join(f"  {f}" for f in results["inconclusive"])
+        return BenchInconclusive(
+            f"bench {name} inconclusive (report {report}): nothing regressed for sure, but:"
+            f"\n{lines}"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class BenchSettings:
     """What the edge tells the bench: the live deployment, the fabric's word, the checkout."""
@@ -114,16 +132,9 @@ class Bench:
         show(decode_table(results))
         say(f"results {data}")
         say(f"page {data.parent / 'report.html'} (and cells.csv, requests.csv)")
-        if results["failures"]:
-            lines = "\n".join(f"  {f}" for f in results["failures"])
-            failure = failure_of(results, self.profile.bench.baseline)
-            raise failure(f"bench {self.profile.name} failed (report {report}):\n{lines}")
-        if results["inconclusive"]:
-            lines = "\n".join(f"  {f}" for f in results["inconclusive"])
-            raise BenchInconclusive(
-                f"bench {self.profile.name} inconclusive (report {report}): nothing regressed"
-                f" for sure, but:\n{lines}"
-            )
+        ended = outcome(results, self.profile.bench.baseline, self.profile.name, report)
+        if ended is not None:
+            raise ended
         say(f"passed the gate ({len(results['gate'])} metrics)")
         say(f"report {report}")
         return report
