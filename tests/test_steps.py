@@ -746,3 +746,68 @@ def test_a_stat_cache_write_waits_for_another_writer_to_finish(tmp_path):
         release.join()
         other.close()
     assert cache.lookup(path.absolute(), os.stat(path)) == hashlib.sha256(b"f").hexdigest()
+
+
+# --- outputs are checked, as a Nix store's are -------------------------------------------------
+
+
+def stored_greeting(store: Path) -> Path:
+    """The one stored output file of the greet step."""
+    (found,) = store.glob("steps/*/out/greeting.txt")
+    return found
+
+
+def test_an_output_edited_by_hand_is_named_and_made_again(tmp_path):
+    project, env = make_project(tmp_path)
+    assert run_doit("greet", cwd=project, env=env).returncode == 0
+    output = stored_greeting(project / "store")
+    assert output.stat().st_mode & 0o222 == 0  # published read-only
+    verified = run_doit("verify", cwd=project, env=env)
+    assert (verified.returncode, verified.stdout) == (
+        0,
+        "verify: 1 stored output(s), every file as made\n",
+    )
+    output.chmod(0o644)
+    output.write_text("hello evil")  # same key, other bytes: a no-op run must not take it
+    key = output.parent.parent.name
+    verified = run_doit("verify", cwd=project, env=env)
+    assert verified.returncode == 1
+    assert f"verify: greet {key[:16]}: out/greeting.txt: changed\n" in verified.stdout
+    rebuilt = run_doit("greet", cwd=project, env=env)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert (
+        f"greet: stored output {key[:16]} differs from its record: out/greeting.txt: changed;"
+        " making it again"
+    ) in rebuilt.stdout
+    assert stored_greeting(project / "store").read_text() == "hello world"
+    assert (project / "runs.log").read_text() == "hello\nhello\n"  # made again, once
+    again = run_doit("greet", cwd=project, env=env)  # intact again: a no-op
+    assert again.returncode == 0 and "differs" not in again.stdout
+    assert (project / "runs.log").read_text() == "hello\nhello\n"
+
+
+@pytest.mark.parametrize("damage", ["removed", "added", "fifo"])
+def test_an_output_removed_added_to_or_replaced_by_a_fifo_is_named(tmp_path, damage):
+    store = Store(tmp_path / "store")
+    engine = Engine(store, root=tmp_path)
+    step = Step(
+        name="two", recipe="two", version=1, doc="two files",
+        action=lambda run: [(run.out / n).write_text(n) for n in ("a", "b")],
+    )  # fmt: skip
+    out = engine.run(step)
+    key = engine.key(step)
+    if damage == "removed":
+        (out / "a").unlink()
+    elif damage == "added":
+        (out / "c").write_text("c")
+    else:
+        (out / "b").unlink()
+        os.mkfifo(out / "b")
+    said = {
+        "removed": ["out/a: missing"],
+        "added": ["out/c: added"],
+        "fifo": [f"out: cannot be read ({out / 'b'}: expected a regular file)"],
+    }[damage]
+    assert store.changed(key) == said
+    assert not engine.is_done(step)  # set aside: made again by the next run
+    assert not store.has(key) and engine.run(step) and store.changed(key) == []

@@ -184,8 +184,11 @@ class StatCache:
         """One digest for a folder: relative paths, executable bits, link targets, file digests."""
         return self.tree_listing(root, exclude)[0]
 
-    def tree_listing(self, root: Path, exclude: Iterable[str] = ()) -> tuple[str, dict[str, str]]:
-        """(digest of the folder, relative path -> file digest or link target) for explain."""
+    def tree_listing(
+        self, root: Path, exclude: Iterable[str] = (), fresh: bool = False
+    ) -> tuple[str, dict[str, str]]:
+        """(digest of the folder, relative path -> file digest or link target): a folder input's
+        or a step output's (fresh: every file hashed again, past the cache)."""
         root = Path(root).absolute()
         skip = set(exclude)
         files: list[Path] = []
@@ -203,7 +206,7 @@ class StatCache:
                     files.append(path)
                     executable = bool(os.stat(path).st_mode & 0o111)
                     entries.append((rel, "x" if executable else "f", path))
-        digests = self.digest_files(files)
+        digests = self.digest_files(files, fresh=fresh)
         listing = [
             [rel, kind, digests[ref] if isinstance(ref, Path) else ref]
             for rel, kind, ref in entries

@@ -173,7 +173,20 @@ class Engine:
         key = self.key(step)
         if step.cache is not None:
             return step.cache.has(key)
-        return self.store.has(key) or self.restore(step, key)
+        if self.store.has(key):
+            changed = self.store.changed(key)
+            if not changed:
+                return True
+            # Edited by hand, or damaged: never taken as done. Set aside, then made again.
+            shown = ", ".join(changed[:5]) + (
+                f" and {len(changed) - 5} more" if changed[5:] else ""
+            )
+            say(
+                step.name,
+                f"stored output {key[:16]} differs from its record: {shown}; making it again",
+            )
+            self.store.set_aside(key)
+        return self.restore(step, key)
 
     def restore(self, step: Step, key: str) -> bool:
         """Restore key's output from the remote cache (once per process); False to build it."""

@@ -104,11 +104,47 @@ class Store:
         return (self.step_dir(key) / "step.json").is_file()
 
     def publish(self, key: str, work: Path, record: dict[str, Any]) -> None:
-        """Make a finished work folder (holding out/) the output of key: fsync, then rename."""
+        """Make a finished work folder (holding out/) the output of key: its files read-only and
+        listed with their hashes in the record (what `changed` compares), fsync, then rename."""
+        digest, files = self.statcache.tree_listing(work / "out")
+        record = {**record, "outputs": {"tree": digest, "files": files}}
+        for path in (work / "out").rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                path.chmod(path.stat().st_mode & ~0o222)
         (work / "step.json").write_text(json.dumps(record, indent=2, sort_keys=True))
         fsync_tree(work)
         os.rename(work, self.step_dir(key))
         fsync_dir(self.step_dir(key).parent)
+
+    def changed(self, key: str, fresh: bool = False) -> list[str]:
+        """The output files of key that differ from what its record lists (changed, added,
+        missing, unreadable), one entry each; [] when intact or made before outputs were listed.
+        Unchanged files are answered by the stat cache (fresh: every file hashed again)."""
+        try:
+            listed = read_record(self.step_dir(key) / "step.json").get("outputs")
+        except CorruptStepRecord as err:
+            return [str(err)]
+        if not isinstance(listed, dict) or not isinstance(listed.get("files"), dict):
+            return []
+        try:
+            _, now = self.statcache.tree_listing(self.output_dir(key), fresh=fresh)
+        except OSError as err:
+            return [f"out: cannot be read ({err})"]
+        before: dict[str, Any] = listed["files"]
+        return sorted(
+            [f"out/{n}: changed" for n in now if n in before and before[n] != now[n]]
+            + [f"out/{n}: added" for n in now if n not in before]
+            + [f"out/{n}: missing" for n in before if n not in now]
+        )
+
+    def set_aside(self, key: str) -> None:
+        """Take key's stored output away (its builder's lock held): renamed into tmp/, where a
+        killed removal is a leftover the next builder of key deletes."""
+        with self.lock(key):
+            aside = self.root / "tmp" / f"{key}.changed-{os.getpid()}"
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(self.step_dir(key), aside)
+                shutil.rmtree(aside, ignore_errors=True)
 
     def remember(self, record: dict[str, Any]) -> None:
         """Keep the record of a finished step (what `explain` compares against), any backend."""
