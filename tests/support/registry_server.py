@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import requests
-from support.deploying import free_port
+from support.ports import spare_ports
 
 
 def start_registry(folder: Path, config: dict) -> tuple[subprocess.Popen, str]:
@@ -16,7 +16,7 @@ def start_registry(folder: Path, config: dict) -> tuple[subprocess.Popen, str]:
     401; else another port: it cannot bind port 0, so a port taken meanwhile shows as the
     process exiting."""
     for attempt in range(5):
-        host = f"127.0.0.1:{free_port()}"
+        host = f"127.0.0.1:{spare_ports()}"
         path = folder / f"registry-{attempt}.yml"
         storage = {"filesystem": {"rootdirectory": str(folder / "data")}}
         full = {"version": 0.1, "storage": storage, **config}

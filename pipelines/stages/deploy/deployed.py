@@ -174,3 +174,14 @@ class Deployed:
         except PipelineError as err:
             return f"cannot tell ({err})"
         return "matches" if now == deployment.key else f"differs (would deploy {now[:16]})"
+
+    def wait_restored(self, served: str) -> None:
+        """Wait for the deployment put back to serve again (a restarted server takes a moment)."""
+        live = self.records.live()
+        if not live:
+            return
+        previous = Deployment.from_record(self.profile.name, live[-1]["deployment"])
+        try:
+            self.backend().wait(previous, served)
+        except PipelineError as err:
+            say("deploy", f"the restored deployment does not serve yet: {err}")

@@ -197,7 +197,7 @@ class Deploy:
                     ) from None
                 # Recorded before the wait: a kill while the old server loads loses nothing.
                 self._record(deployment, ROLLED_BACK, started, reason=reason)
-                self._wait_restored(served)
+                self.deployed.wait_restored(served)
             if isinstance(err, PipelineError):
                 raise DeployError(
                     f"deploy {deployment.profile}: {err}; the previous deployment was restored"
@@ -299,17 +299,6 @@ class Deploy:
         self._record(deployment, RESTORED, started, stable=restored, replaced=current, **extra)
         refuse_unpruned("rollback", deployment, not_pruned)
         say("rollback", f"{deployment.key[:16]} restored; {restored}")
-
-    def _wait_restored(self, served: str) -> None:
-        """Wait for the deployment put back to serve again (a restarted server takes a moment)."""
-        live = self.records.live()
-        if not live:
-            return
-        previous = Deployment.from_record(self.profile.name, live[-1]["deployment"])
-        try:
-            self.backend.wait(previous, served)
-        except PipelineError as err:
-            say("deploy", f"the restored deployment does not serve yet: {err}")
 
     def _stage_ring(self) -> None:
         """Stage the weights on every member host (ringstage.stage_ring)."""
