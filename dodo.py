@@ -109,6 +109,8 @@ except PipelineError as err:
     # Before any task: one line and the error's code (2 for a bad profile or setting, README's
     # "Exit codes"); SystemExit passes through doit's loader untouched.
     exit_with(err)
+except OSError as err:  # the disk's own (full, read-only), as a step reports it: 1
+    exit_with(PipelineError(f"{type(err).__name__}: {err}"))
 
 DOIT_CONFIG = {"default_tasks": ["build"], "dep_file": str(CONTEXT.settings.store / "doit.sqlite3")}
 

@@ -1,5 +1,6 @@
 """The keyed step engine: keys, the store, the stat cache and doit's use of them."""
 
+import contextlib
 import hashlib
 import json
 import os
@@ -811,3 +812,40 @@ def test_an_output_removed_added_to_or_replaced_by_a_fifo_is_named(tmp_path, dam
     assert store.changed(key) == said
     assert not engine.is_done(step)  # set aside: made again by the next run
     assert not store.has(key) and engine.run(step) and store.changed(key) == []
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB filesystem of the test's own (tmpfs), and a way to fill it to the last byte."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], check=True)
+
+    def fill() -> Path:
+        filler = disk / "filler"
+        with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 4096)
+        return filler
+
+    yield disk, fill
+    subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def test_a_full_disk_is_one_line_and_the_next_run_with_space_builds(small_disk):
+    disk, fill = small_disk
+    env = {**os.environ, "SPARKFORGE_STORE": str(disk / "store")}
+    render = ("render", "profile=tp4-ring", f"image_digest=sha256:{'0' * 64}")
+    assert run_doit("list", env=env).returncode == 0  # the store made, then the disk filled:
+    filler = fill()
+    for args in (("list",), render, ("verify",)):
+        full = run_doit(*args, env=env)
+        assert (full.returncode, full.stdout) == (1, ""), full.stderr
+        assert full.stderr == (
+            f"error: {disk / 'store' / 'statcache.sqlite3'}: cannot open the stat cache: disk I/O"
+            " error (the disk is full: 0 bytes free)\n"
+        )
+    filler.unlink()
+    again = run_doit(*render, env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert run_doit("verify", env=env).stdout.endswith("every file as made\n")

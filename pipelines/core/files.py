@@ -198,6 +198,17 @@ def file_kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
+def free_space_note(path: Path) -> str:
+    """' (the disk is full: N bytes free)' when path's filesystem has under 1 MiB left, else ''
+    (what to say after an error that a full disk may have caused)."""
+    try:
+        fs = os.statvfs(path if path.is_dir() else path.parent)
+    except OSError:
+        return ""
+    free = fs.f_bavail * fs.f_frsize
+    return f" (the disk is full: {free:,} bytes free)" if free < MiB else ""
+
+
 def last_line(log: Path) -> str | None:
     """A log's last non-empty line; None when the log is empty or cannot be read."""
     try:

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pipelines.core.files import hash_file
+from pipelines.core.errors import PipelineError
+from pipelines.core.files import free_space_note, hash_file
 from pipelines.engine.keys import canonical_json
 
 # File timestamps come from a coarse kernel clock (a few ms per tick). An entry recorded within
@@ -57,12 +58,17 @@ class StatCache:
         self.db_path = Path(db_path)
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
-        with self._db() as db:
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, dev INTEGER, ino INTEGER,"
-                " size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER, sha256 TEXT)"
-            )
-            db.execute("CREATE INDEX IF NOT EXISTS files_inode ON files (dev, ino)")
+        try:
+            with self._db() as db:
+                db.execute(
+                    "CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, dev INTEGER,"
+                    " ino INTEGER, size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER, sha256 TEXT)"
+                )
+                db.execute("CREATE INDEX IF NOT EXISTS files_inode ON files (dev, ino)")
+        except sqlite3.Error as err:  # a full disk, a read-only one: one line, not a traceback
+            raise PipelineError(
+                f"{self.db_path}: cannot open the stat cache: {err}{free_space_note(self.db_path)}"
+            ) from None
 
     def _db(self) -> sqlite3.Connection:
         # One connection per thread and process: a connection must not cross a fork
@@ -123,7 +129,8 @@ class StatCache:
             except FileNotFoundError:
                 continue
             rows.append((str(path), *key, sha))
-        with self._db() as db:
+        # A cache: a write the disk refuses (full) loses entries, and a miss costs a hash.
+        with contextlib.suppress(sqlite3.Error), self._db() as db:
             db.executemany("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
 
     def path_of_inode(self, st: os.stat_result) -> Path | None:
