@@ -21,7 +21,7 @@ from pipelines.core.profiles import load_profile
 from pipelines.stages.bench import needles, plots
 from pipelines.stages.bench.client import stream_chat
 from pipelines.stages.bench.gate import check_baseline
-from pipelines.stages.bench.load import CellSpec, run_cell
+from pipelines.stages.bench.load import CellSpec, run_cell, run_closed_loop
 from pipelines.stages.bench.needles import fit_to_length, needle_prompt, server_counter
 from pipelines.stages.bench.probes import probe_thinking, run_probes
 from pipelines.stages.bench.record import Event, RequestRecord
@@ -156,6 +156,29 @@ def test_an_event_split_across_network_reads_is_read_once_whole():
     assert token.usage == {"completion_tokens": 1}
 
 
+def events(*payloads: bytes) -> bytes:
+    """A stream of these data: payloads, each its own event."""
+    return b"".join(b"data: " + p + b"\n\n" for p in payloads)
+
+
+TOKEN = (
+    b'{"choices":[{"delta":{"content":"a"}}],"usage":{"completion_tokens":%d,"prompt_tokens":9}}'
+)
+# What a hostile server streams, by the model name asked: the bytes after the headers.
+HOSTILE = {
+    "ok": events(TOKEN % 1, TOKEN % 2, b"[DONE]"),
+    "bad-utf8": events(b'{"choices":[{"delta":{"content":"\xff\xfe"}}]}', b"[DONE]"),
+    "deep-json": events(b"[" * 100_000, b"[DONE]"),
+    "choices-strings": events(b'{"choices":["x"]}', b"[DONE]"),
+    "delta-list": events(b'{"choices":[{"delta":[1]}]}', b"[DONE]"),
+    "huge-count": events(TOKEN % 100_000_000, b"[DONE]"),
+    "falling-count": events(TOKEN % 5, TOKEN % 3, b"[DONE]"),
+    "string-count": events(TOKEN.replace(b"%d", b'"7"'), b"[DONE]"),
+    "negative-prompt": events(TOKEN.replace(b'"prompt_tokens":9', b'"prompt_tokens":-4') % 1),
+    "huge-event": b"data: " + b"x" * (2 << 20),
+}
+
+
 class FaultServer(BaseHTTPRequestHandler):
     """Test equipment: a chat endpoint that fails the way servers do, by the model name asked."""
 
@@ -182,6 +205,9 @@ class FaultServer(BaseHTTPRequestHandler):
             self.wfile.write(b'data: {"choices":[{"delta":{"content":"<think>19+23</think>42"}}'
                              b'],"usage":{"completion_tokens":9}}\n\ndata: [DONE]\n\n')  # fmt: skip
             return
+        if fault in HOSTILE:
+            self.wfile.write(HOSTILE[fault])
+            return
         self.wfile.write(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n')
         self.wfile.flush()
         if fault == "error-body":
@@ -207,13 +233,22 @@ def fault_url():
         ("http-500", "HTTP 500"),
         ("cut", "stream ended before [DONE]"),
         ("slow", "timeout"),
+        ("bad-utf8", "malformed stream: an event that is not UTF-8"),
+        ("deep-json", "error in stream: not JSON"),
+        ("choices-strings", "error in stream: choices: expected a list of objects"),
+        ("delta-list", "error in stream: choices[].delta: expected an object"),
+        ("huge-count", "bad usage: completion_tokens 100000000: expected a whole number from"),
+        ("falling-count", "bad usage: completion_tokens 3: expected a whole number from 5 to 16"),
+        ("string-count", 'bad usage: completion_tokens "7": expected a whole number'),
+        ("negative-prompt", "bad usage: prompt_tokens -4: expected a whole number from 0"),
+        ("huge-event", "malformed stream: an event longer than 1 MiB"),
         ("unreachable", "unreachable"),
     ],
 )
 def test_a_failed_request_counts_as_failed_with_its_reason(fault_url, fault, reason):
     url = f"http://127.0.0.1:{spare_ports()}" if fault == "unreachable" else fault_url
-    record = stream_chat(url, {"model": fault, "messages": []}, timeout=1)
-    assert not record.ok and reason in record.error
+    record = stream_chat(url, {"model": fault, "messages": [], "max_tokens": 16}, timeout=1)
+    assert not record.ok and reason in record.error, record.error
     summary = summarize([record], duration=1.0)
     assert (summary["completed"], summary["failed"]) == (0, 1)
     assert summary["errors"][0]["count"] == 1 and reason in summary["errors"][0]["reason"]
@@ -442,3 +477,17 @@ def test_steady_state_is_measured_over_the_first_wave_when_requests_exceed_strea
     # In 0.5..2.5: tokens 2..10 of the first and 1..9 of the second; none of the later two.
     assert steady["steady_output_throughput"] == 18 / 2.0
     assert steady_state(records)["steady_output_throughput"] is None  # over all: no span
+
+
+def test_a_cell_keeps_every_request_it_sent_whatever_the_server_streams(fault_url):
+    # Half the requests answered with a broken chunk: none vanishes from the sample.
+    def body(index: int) -> dict:
+        return {"model": "bad-utf8" if index % 2 else "ok", "messages": [], "max_tokens": 16}
+
+    records, duration = run_closed_loop(fault_url, CellSpec("c4", 4, 8, body, 5, warmup=0))
+    assert len(records) == 8
+    summary = summarize(records, duration)
+    assert (summary["completed"], summary["failed"]) == (4, 4)
+    assert summary["errors"] == [
+        {"count": 4, "reason": "malformed stream: an event that is not UTF-8"}
+    ]
