@@ -3,6 +3,7 @@ requests named, a busy server refused, and the gate naming the metric that regre
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import requests
 from sim_server import Sim, make_model
 from support.ports import spare_ports
 
+from pipelines.core.httpjson import AnswerRefused, fetch, get_json
 from pipelines.core.paths import REPO_ROOT
 from pipelines.core.profiles import load_profile
 from pipelines.stages.bench import needles, plots
@@ -491,3 +493,47 @@ def test_a_cell_keeps_every_request_it_sent_whatever_the_server_streams(fault_ur
     assert summary["errors"] == [
         {"count": 4, "reason": "malformed stream: an event that is not UTF-8"}
     ]
+
+
+class Trickle(BaseHTTPRequestHandler):
+    """Test equipment: answers GETs the way a hostile server does, by path."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        if self.path == "/slow":  # one byte every 0.2 s, forever: never a read timeout
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            with contextlib.suppress(OSError):
+                for _ in range(100_000):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            return
+        data = b"[" * 100_000 if self.path == "/deep" else b"x" * (3 << 20)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            self.wfile.write(data)
+
+
+@pytest.fixture
+def trickle_url():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_an_answer_is_bounded_in_time_and_size_whatever_the_server_sends(trickle_url):
+    started = time.monotonic()
+    with pytest.raises(AnswerRefused, match="no whole answer within 1 s"):
+        fetch("GET", f"{trickle_url}/slow", 1)
+    assert time.monotonic() - started < 3  # not the 100,000 x 0.2 s the server would take
+    with pytest.raises(AnswerRefused, match="an answer over 1 MiB"):
+        fetch("GET", f"{trickle_url}/big", 5, cap=1 << 20)
+    assert get_json(f"{trickle_url}/deep") == (200, None)  # nested past the parser: no answer

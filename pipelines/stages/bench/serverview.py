@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import urllib3
 
-from pipelines.core.httpjson import http_pool
+from pipelines.core.httpjson import fetch
 
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
 WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
@@ -45,14 +45,14 @@ def read_metrics(base_url: str) -> Metrics | None:
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        r = http_pool().request("GET", f"{base_url}/metrics", timeout=10)
+        status, page = fetch("GET", f"{base_url}/metrics", 10)
     except urllib3.exceptions.HTTPError:
         return None
-    if r.status != 200:
+    if status != 200:
         return None
     values: dict[str, float] = {}
     try:
-        for family in text_string_to_metric_families(r.data.decode(errors="replace")):
+        for family in text_string_to_metric_families(page.decode(errors="replace")):
             for sample in family.samples:
                 values[sample.name] = values.get(sample.name, 0.0) + sample.value
     except ValueError:  # not Prometheus text (a proxy's error page): no metrics to read
@@ -74,17 +74,17 @@ def not_serving(base_url: str) -> str | None:
     """Why base_url is no OpenAI server to measure (nothing answers, or /v1/models is not
     there: a URL ending in /v1, a wrong port); None when /v1/models answers 200."""
     try:
-        r = http_pool().request("GET", f"{base_url}/v1/models", timeout=urllib3.Timeout(10, 30))
+        status, _ = fetch("GET", f"{base_url}/v1/models", 30)
     except urllib3.exceptions.HTTPError as err:
         reason = getattr(err, "reason", None) or err
         return f"nothing answers at {base_url}: {type(reason).__name__}: {str(reason)[:160]}"
-    if r.status == 404:
+    if status == 404:
         return (
             f"{base_url}/v1/models: HTTP 404: not an OpenAI-compatible server's root"
             " (give the URL without /v1)"
         )
-    if r.status != 200:
-        return f"{base_url}/v1/models: HTTP {r.status}"
+    if status != 200:
+        return f"{base_url}/v1/models: HTTP {status}"
     return None
 
 
