@@ -849,3 +849,24 @@ def test_a_full_disk_is_one_line_and_the_next_run_with_space_builds(small_disk):
     again = run_doit(*render, env=env)
     assert again.returncode == 0, again.stdout + again.stderr
     assert run_doit("verify", env=env).stdout.endswith("every file as made\n")
+
+
+@pytest.mark.timeout(30)  # a FIFO read the old way never returned
+@pytest.mark.parametrize("damage", ["fifo", "dev-zero"])
+def test_a_step_whose_record_is_no_file_is_set_aside_and_made_again(tmp_path, damage, capsys):
+    store = Store(tmp_path / "store")
+    engine = Engine(store, root=tmp_path)
+    step = Step(
+        name="one", recipe="one", version=1, doc="one file",
+        action=lambda run: (run.out / "a").write_text("a"),
+    )  # fmt: skip
+    engine.run(step)
+    record = store.step_dir(engine.key(step)) / "step.json"
+    record.unlink()
+    os.mkfifo(record) if damage == "fifo" else record.symlink_to("/dev/zero")
+    assert not engine.is_done(step)
+    out = engine.run(step)  # not "Directory not empty": the damaged folder goes first
+    assert (out / "a").read_text() == "a" and store.changed(engine.key(step)) == []
+    assert f"store: {record.parent}: no readable step.json; set aside, made again" in (
+        capsys.readouterr().out
+    )

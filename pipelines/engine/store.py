@@ -100,8 +100,9 @@ class Store:
         return self.step_dir(key) / "out"
 
     def has(self, key: str) -> bool:
-        """True when complete output for key is stored."""
-        return (self.step_dir(key) / "step.json").is_file()
+        """True when complete output for key is stored (its record a regular file)."""
+        record = self.step_dir(key) / "step.json"
+        return record.is_file() and not record.is_symlink()
 
     def publish(self, key: str, work: Path, record: dict[str, Any]) -> None:
         """Make a finished work folder (holding out/) the output of key: its files read-only and
@@ -138,13 +139,26 @@ class Store:
         )
 
     def set_aside(self, key: str) -> None:
-        """Take key's stored output away (its builder's lock held): renamed into tmp/, where a
-        killed removal is a leftover the next builder of key deletes."""
+        """Take key's stored output away, its builder's lock held."""
         with self.lock(key):
-            aside = self.root / "tmp" / f"{key}.changed-{os.getpid()}"
-            with contextlib.suppress(FileNotFoundError):
-                os.rename(self.step_dir(key), aside)
-                shutil.rmtree(aside, ignore_errors=True)
+            self._take_away(key)
+
+    def _take_away(self, key: str) -> None:
+        """Rename key's folder into tmp/ and delete it there (the caller holds key's lock): a
+        killed removal is a leftover the next builder of key deletes."""
+        aside = self.root / "tmp" / f"{key}.changed-{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(self.step_dir(key), aside)
+            shutil.rmtree(aside, ignore_errors=True)
+
+    def clear_damaged(self, key: str) -> None:
+        """Before key is built (its lock held): a folder of key whose record is no regular file
+        (a FIFO, a link to a device, gone) is no output; said in one line and taken away, so
+        that the new output can take its place."""
+        folder = self.step_dir(key)
+        if (folder.exists() or folder.is_symlink()) and not self.has(key):
+            say("store", f"{folder}: no readable step.json; set aside, made again")
+            self._take_away(key)
 
     def remember(self, record: dict[str, Any]) -> None:
         """Keep the record of a finished step (what `explain` compares against), any backend."""
@@ -218,6 +232,7 @@ class Store:
             if self.has(key):
                 return True
             self.remove_leftovers(key)
+            self.clear_damaged(key)
             with self.temp_dir(key) as work:
                 (work / "out").mkdir()
                 record = fill(work / "out")
@@ -246,6 +261,7 @@ class Store:
             if cache.has(key):
                 return self.output_dir(key), False
             self.remove_leftovers(key)
+            self.clear_damaged(key)
             with self.temp_dir(key) as work:
                 (work / "out").mkdir()
                 started = time.time()
