@@ -23,8 +23,8 @@ from support.stack import SESSION_ENV, stop_if_started_here  # noqa: E402
 
 # pytester: the skip policy's own test runs a small session of its own. support.deploying and
 # support.model_bucket: the deploy and weights tests' fixtures, module ones made per test module;
-# support.stack: the stack and the fixtures that reach it. support.leftovers: what a test's
-# call started and left running ends with it (a timeout included).
+# support.stack: the stack and the fixtures that reach it. support.leftovers: what a test that
+# timed out started and left running ends with it.
 pytest_plugins = [
     "pytester",
     "support.stack",

@@ -1,5 +1,6 @@
-"""A test that times out (or ends) leaves nothing running: what its call started is killed with
-its process group before the next test (support/leftovers.py)."""
+"""A test that times out leaves nothing running: what its call started is killed with its
+process group before the next test (support/leftovers.py); a test that ends by itself keeps
+what it started on purpose."""
 
 from __future__ import annotations
 
@@ -28,8 +29,10 @@ def test_hangs(tmp_path_factory):
         f.write(f"{{group.pid}} {{same.pid}}")
     time.sleep(60)
 
-def test_after():
-    pass
+def test_starts_and_passes():
+    kept = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    with open("{pids}/kept", "w") as f:
+        f.write(str(kept.pid))
 """
 
 
@@ -49,6 +52,7 @@ def test_a_timed_out_test_leaves_no_process_of_its_own(pytester, tmp_path, plugi
     pytester.makepyfile(test_hang=STARTS_AND_HANGS.format(pids=tmp_path))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1, passed=1)
+    kept = int((tmp_path / "kept").read_text())
     for _ in range(50):  # the grandchild writes its pid as it starts
         if (tmp_path / "grandchild").exists():
             break
@@ -58,7 +62,8 @@ def test_a_timed_out_test_leaves_no_process_of_its_own(pytester, tmp_path, plugi
     try:
         # Without the plugin they outlive the session (the control: the test can see them).
         assert [alive(pid) for pid in pids] == [plugin is None] * 3
+        assert alive(kept)  # a test that passed keeps what it started
     finally:
-        for pid in pids:
+        for pid in [*pids, kept]:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)

@@ -1,7 +1,8 @@
-"""What a test started and left running ends with it: after each test's call (passed, failed,
-or stopped by pytest-timeout), every process it started that still runs is killed with its
-whole process group, so nothing it began changes a later test. What fixtures start (the stack,
-servers a module shares) is theirs to stop, and is left alone."""
+"""What a test that timed out started ends with it: after a call pytest-timeout stopped, every
+process the call started that still runs is killed with its whole process group, so nothing it
+began (a deploy still waiting, a build) changes a later test. Only then: a call that ends by
+itself may start what later tests share on purpose (an engine of the stack started on first
+use, an ssh tunnel a client keeps), and fixtures stop what they start."""
 
 from __future__ import annotations
 
@@ -58,9 +59,19 @@ def kill_started_since(before: set[int]) -> list[int]:
     return new
 
 
+def timed_out(excinfo: tuple[type, BaseException, object] | None) -> bool:
+    """Whether a call ended by pytest-timeout's failure (its message starts 'Timeout')."""
+    return (
+        excinfo is not None
+        and isinstance(excinfo[1], pytest.fail.Exception)
+        and str(excinfo[1]).startswith("Timeout")
+    )
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    """Run the test's call; then end whatever it started and left running."""
+    """Run the test's call; when it timed out, end whatever it started and left running."""
     before = descendants(os.getpid())
-    yield
-    kill_started_since(before)
+    outcome = yield
+    if timed_out(outcome.excinfo):  # type: ignore[attr-defined]
+        kill_started_since(before)
