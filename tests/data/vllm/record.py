@@ -14,9 +14,9 @@ from pathlib import Path
 
 import urllib3
 
-from pipelines.bench.client import STREAM_OPTIONS
-from pipelines.bench.probes import WEATHER_TOOL
-from pipelines.bench.run import sweep_body
+from pipelines.stages.bench.client import STREAM_OPTIONS
+from pipelines.stages.bench.probes import WEATHER_TOOL
+from pipelines.stages.bench.run import sweep_body
 
 # The server's own per-request figures, from /metrics read before and after one lone request.
 TRUTH = {
