@@ -7,10 +7,9 @@ from __future__ import annotations
 import copy
 import json
 import os
-import select
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import requests
@@ -208,15 +207,21 @@ def release(holder: subprocess.Popen) -> None:
 
 def said_waiting(process: subprocess.Popen, timeout: float = 300) -> str:
     """What a doit run printed up to its line saying it waits for the other runs using the
-    store (it is waiting then, however long it took to start on a loaded machine)."""
+    store (it is waiting then, however long it took to start on a loaded machine). Read by a
+    thread: a select() on the pipe would miss a line already in the reader's buffer."""
     lines: list[str] = []
-    deadline = time.monotonic() + timeout
-    while not lines or "waiting for the other runs using" not in lines[-1]:
-        left = deadline - time.monotonic()
-        ready, _, _ = select.select([process.stdout], [], [], max(left, 0))
-        line = process.stdout.readline() if ready else ""
-        assert line, f"never said it waits ({'ended' if ready else 'timed out'}): {lines}"
-        lines.append(line)
+    said = threading.Event()
+
+    def read() -> None:
+        for line in process.stdout:
+            lines.append(line)
+            if "waiting for the other runs using" in line:
+                break
+        said.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert said.wait(timeout), f"never said it waits (timed out): {lines}"
+    assert lines and "waiting for the other runs using" in lines[-1], f"ended: {lines}"
     return "".join(lines)
 
 
