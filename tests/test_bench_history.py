@@ -91,9 +91,11 @@ def test_five_deployments_of_local_are_plotted_and_two_runs_compared(tmp_path):
     assert first == f"{runs[1]} ({verdicts[1]}) -> {runs[2]} (failed)"
     lines = compared.stdout.splitlines()
     window = next(x for x in lines if x.startswith("c1.median_window_tok_s: "))
-    # The simulator 20% slower, measured on a busy machine (CI's two cores: -21.0% seen once).
-    change = float(re.search(r" ([+-][0-9.]+)% \(intervals apart\)$", window).group(1))
-    assert -25 < change < -15, window
+    # The simulator 20% slower, measured on a busy machine (CI's two cores: -21.0% seen once;
+    # a loaded run's interval may reach the other's: apart or overlapping, the change stands).
+    found = re.search(r" ([+-][0-9.]+)% \(intervals (apart|overlap)\)$", window)
+    assert found, window
+    assert -25 < float(found.group(1)) < -15, window
     assert f"gate decode.c1.median_window_tok_s: {verdicts[1]} -> regressed" in lines
 
     missing = command(
