@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
@@ -219,13 +220,18 @@ class FaultServer(BaseHTTPRequestHandler):
         # "cut": the connection closes with no [DONE]
 
 
-@pytest.fixture
-def fault_url():
-    """A FaultServer on a free loopback port."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FaultServer)
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A server of handler on a free loopback port, its URL, for as long as the test runs."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
+
+
+@pytest.fixture
+def fault_url():
+    """A FaultServer on a free loopback port."""
+    yield from serving(FaultServer)
 
 
 @pytest.mark.parametrize(
@@ -523,10 +529,8 @@ class Trickle(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def trickle_url():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    """A Trickle server on a free loopback port."""
+    yield from serving(Trickle)
 
 
 def test_an_answer_is_bounded_in_time_and_size_whatever_the_server_sends(trickle_url):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipelines.core.errors import BadInput, PipelineError
-from pipelines.core.files import write_atomic
+from pipelines.core.files import MiB, read_capped, write_atomic
 from pipelines.core.modellock import Lock, lock_path
 from pipelines.core.progress import say
 from pipelines.core.settings import Settings
@@ -18,6 +18,10 @@ from pipelines.core.settings import Settings
 if TYPE_CHECKING:
     from pipelines.core.profiles import Profile
     from pipelines.engine.store import Store
+
+
+# A lock of 54 files or a signature bundle: some KiB; no verdict is kept for a bigger one.
+FILE_MAX_BYTES = 64 * MiB
 
 
 class ModelSignature:
@@ -97,8 +101,13 @@ class ModelSignature:
         try:
             trusted = model_trusted(self.settings, self._local_keys())
             material = {
-                "signature": hashlib.sha256(self.signature_file.read_bytes()).hexdigest(),
-                "lock": hashlib.sha256(self.lock_file().read_bytes()).hexdigest(),
+                # Read as any file from outside: a FIFO or a device here is refused, not waited on.
+                "signature": hashlib.sha256(
+                    read_capped(self.signature_file, FILE_MAX_BYTES, PipelineError)
+                ).hexdigest(),
+                "lock": hashlib.sha256(
+                    read_capped(self.lock_file(), FILE_MAX_BYTES, PipelineError)
+                ).hexdigest(),
                 "trusted": sorted(key.text for key in trusted.values()),
             }
         except (PipelineError, OSError):
