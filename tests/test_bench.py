@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
+import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -17,19 +20,21 @@ import pytest
 import requests
 from sim_server import Sim, make_model
 from support.ports import spare_ports
+from support.signals import default_signals
 
 from pipelines.core.httpjson import AnswerRefused, fetch, get_json
 from pipelines.core.paths import REPO_ROOT
 from pipelines.core.profiles import load_profile
 from pipelines.stages.bench import needles, plots
 from pipelines.stages.bench.client import stream_chat
-from pipelines.stages.bench.gate import check_baseline
+from pipelines.stages.bench.failures import NotMeasured
+from pipelines.stages.bench.gate import check_baseline, measured_all
 from pipelines.stages.bench.load import CellSpec, run_cell, run_closed_loop
 from pipelines.stages.bench.needles import fit_to_length, needle_prompt, server_counter
 from pipelines.stages.bench.probes import probe_thinking, run_probes
 from pipelines.stages.bench.record import Event, RequestRecord
 from pipelines.stages.bench.report import write_results
-from pipelines.stages.bench.run import cell_line, gate, sweep_body
+from pipelines.stages.bench.run import cell_line, fitted_sweep_body, gate, sweep_body
 from pipelines.stages.bench.sse import EventBuffer, read_chunk
 from pipelines.stages.bench.timing import (
     CHUNKS,
@@ -429,26 +434,48 @@ def test_a_wrong_url_is_said_at_once_and_exits_3(sims, where):
 
 
 @pytest.mark.stack  # a simulator (and commands): seconds, not the fast lane
-def test_failed_requests_exit_3_naming_the_reason_and_a_bad_option_exits_2(sims):
-    sim = sims(SIM_TTFT_S="0.01")
-    wrong = bench_cli(
-        "cell", "--url", sim.url, "--model", "nosuch", "--max-tokens", "8", "--requests", "2"
-    )
-    assert wrong.returncode == 3, wrong.stderr
-    nosuch = "2x HTTP 404: The model `nosuch` does not exist."
-    assert wrong.stdout.startswith(f"c1: 0 ok, 2 failed: {nosuch}; ")
-    assert wrong.stderr == f"error: cell c1: 2 of 2 requests failed: {nosuch}\n"
+def test_a_model_not_served_is_named_and_failed_requests_exit_3_and_a_bad_option_exits_2(sims):
+    sim = sims(SIM_TTFT_S="0.01", SIM_MAX_MODEL_LEN="64")
+    wrong = bench_cli("cell", "--url", sim.url, "--model", "nosuch", "--max-tokens", "8")
+    assert (wrong.returncode, wrong.stdout) == (3, ""), wrong.stderr
+    assert wrong.stderr == (
+        f"error: cell c1 not measured: the server at {sim.url} serves no model 'nosuch'"
+        " (it lists: sim)\n"
+    )  # not blamed on --prompt-tokens, whose counting the unknown model fails first
+    long = bench_cli(  # prompts longer than the server's context: every request fails
+        "cell", "--url", sim.url, "--model", "sim", "--max-tokens", "8", "--requests", "2",
+        "--prompt-tokens", "100", "--warmup", "0",
+    )  # fmt: skip
+    assert long.returncode == 3, long.stderr
+    reason = "2x HTTP 400: This model's maximum context length is 64 tokens."
+    assert long.stdout.startswith(f"c1: 0 ok, 2 failed: {reason}")
+    assert long.stderr.startswith(f"error: cell c1: 2 of 2 requests failed: {reason}")
     bad = bench_cli("cell", "--url", sim.url, "--model", "sim", "--requests", "0")
     assert bad.returncode == 2
     assert bad.stderr == "error: --requests: expected a whole number of 1 or more, got 0\n"
 
 
-def test_prompt_tokens_are_counted_by_the_servers_count_not_in_words():
-    def count(prompt: str) -> int:  # a tokenizer of four characters a token
-        return len(prompt) // 4
+def uneven_count(prompt: str) -> int:
+    """Test equipment: a tokenizer whose count moves with a nonce's letters and digits (a digit
+    a token, a run of letters a token, each other mark a token)."""
+    return len(re.findall(r"\d|[A-Za-z]+|[^\sA-Za-z\d]", prompt))
 
-    body = sweep_body("m", 256, 8, count)(0)
-    assert 256 - 8 <= count(body["messages"][0]["content"]) <= 256
+
+def test_every_prompt_is_exactly_the_length_asked_by_the_servers_count():
+    make = sweep_body("m", 256, 8, uneven_count)
+    lengths = {uneven_count(make(i)["messages"][0]["content"]) for i in range(40)}
+    assert lengths == {256}
+    # The nonces alone move this tokenizer's count: a fitted word count is not enough.
+    nonces = {uneven_count(f"[{secrets.token_hex(8)}]") for _ in range(40)}
+    assert len(nonces) > 1
+
+
+def test_a_length_the_servers_count_cannot_land_on_is_said_and_the_cell_not_measured():
+    def no_dots(prompt: str) -> int:  # dots cost nothing: the pad cannot fill the gap
+        return uneven_count(prompt.replace(".", "")) // 2 * 2  # and only even counts
+
+    with pytest.raises(NotMeasured, match=r"^--prompt-tokens 255: the server counted .* never 255"):
+        sweep_body("m", 255, 8, no_dots)(0)
 
 
 def test_a_dropped_decode_window_says_why():
@@ -541,3 +568,110 @@ def test_an_answer_is_bounded_in_time_and_size_whatever_the_server_sends(trickle
     with pytest.raises(AnswerRefused, match="an answer over 1 MiB"):
         fetch("GET", f"{trickle_url}/big", 5, cap=1 << 20)
     assert get_json(f"{trickle_url}/deep") == (200, None)  # nested past the parser: no answer
+
+
+@pytest.mark.stack  # a simulator: seconds, not the fast lane
+def test_a_cells_first_wave_leaves_together_and_its_spread_is_recorded(sims):
+    sim = sims(SIM_TTFT_S="0.01", SIM_DECODE_TOK_S="2000")
+    one_at_a_time = threading.Lock()
+    make = sweep_body("sim", 16, 8)
+
+    def slow_body(index: int) -> dict:
+        with one_at_a_time:  # as a tokenizer round trip on one connection would be
+            time.sleep(0.03)
+            return make(index)
+
+    cell = run_cell(sim.url, CellSpec("c16", 16, 32, slow_body, 30, warmup=0))
+    assert cell.summary["completed"] == 32
+    first = sorted(r["received"] for r in sim_truth(sim))[:16]
+    spread = (first[-1] - first[0]) * 1000  # by the server's clock
+    assert spread < 150, f"the first wave reached the server over {spread:.0f} ms"
+    recorded = cell.summary["start_spread_ms"]
+    assert recorded is not None and recorded < 150 and abs(recorded - spread) < 100
+
+
+@pytest.mark.stack  # a simulator and a command: seconds, not the fast lane
+def test_prompts_are_sent_at_exactly_the_length_asked_by_the_servers_own_usage(sims, tmp_path):
+    sim = sims(SIM_TTFT_S="0.01", SIM_DECODE_TOK_S="2000")
+    out = tmp_path / "cell.json"
+    args = ["--url", sim.url, "--model", "sim", "--max-tokens", "8", "--concurrency", "3"]
+    asked = ["--requests", "6", "--prompt-tokens", "100", "--warmup", "0", "--out", str(out)]
+    done = bench_cli("cell", *args, *asked)
+    assert done.returncode == 0, done.stderr
+    told = [r["prompt_tokens"] for r in sim_truth(sim)]
+    assert told == [100] * 6  # the server's count of each request it was sent
+    assert json.loads(out.read_text())["client_stall_s"] < 1.0
+
+
+@pytest.mark.stack  # a simulator and a command stopped for seconds: not the fast lane
+def test_a_client_that_stalled_mid_cell_says_so_and_is_not_measured(sims, tmp_path):
+    sim = sims(SIM_TTFT_S="0.01", SIM_DECODE_TOK_S="20")  # one request: about 3 s of decode
+    asked = ["--max-tokens", "60", "--requests", "1", "--warmup", "0"]
+    command = [sys.executable, "-m", "pipelines.stages.bench", "cell", "--url", sim.url]
+    client = subprocess.Popen(
+        [*command, "--model", "sim", *asked],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_signals,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not sim_truth(sim):  # the request is in: the cell is being measured
+            assert time.monotonic() < deadline, "the cell never sent its request"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        client.send_signal(signal.SIGSTOP)  # the process stops, as a starved one does
+        time.sleep(1.5)
+        client.send_signal(signal.SIGCONT)
+        stdout, stderr = client.communicate(timeout=60)
+    finally:
+        client.kill()
+    assert client.returncode == 3, stderr
+    assert re.fullmatch(
+        r"error: cell c1: the client stalled 1\.[4-9] s \(this process was not running;"
+        r" tokens read late, in bursts\): not gated, run it again on a machine with CPU to"
+        r" spare\n",
+        stderr,
+    ), stderr
+    assert "the client stalled" in stdout
+
+
+def test_a_run_whose_client_stalled_is_not_a_verdict_on_the_deployment():
+    probes = [{"name": "models", "passed": True, "detail": ""}]
+    cell = {"name": "c1", "summary": {"failed": 0, "client_stall_s": 0.2, "m": 1.0}}
+    results = {"probes": probes, "decode": [cell], "saturation": None}
+    assert measured_all(results, [])
+    cell["summary"]["client_stall_s"] = 1.5
+    assert not measured_all(results, [])
+
+
+class Counts(BaseHTTPRequestHandler):
+    """Test equipment: a /tokenize that answers the count named by the model asked for."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        data = b'{"count": ' + body["model"].encode() + b"}"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.mark.parametrize(
+    ("told", "shown"), [('"abc"', '"abc"'), ("1e400", "Infinity"), ("true", "true"), ("-3", "-3")]
+)
+def test_a_token_count_that_cannot_be_true_fails_the_fitting_in_one_line(told, shown):
+    for url in serving(Counts):
+        with pytest.raises(NotMeasured) as refused:
+            fitted_sweep_body(url, told, 64, 8, 5)
+        assert str(refused.value) == (
+            f"--prompt-tokens 64: /tokenize answered count {shown}: expected a whole number"
+            " from 0 to 10000000"
+        )

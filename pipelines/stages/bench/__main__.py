@@ -11,7 +11,8 @@ the raw per-request timings under `requests`; `probes` prints the correctness pr
 `compare` prints what changed between two runs (their folders under <store>/bench/<profile>/):
 each cell figure's mean and 95% interval over the runs, and each gated metric's verdict.
 Exit codes: 2 a bad option or a run that cannot be read, 3 nothing measured whole (no server
-at the URL, a refused cell, failed requests: each reason with its count), 1 a probe that failed.
+at the URL, a refused cell, failed requests: each reason with its count; a client that stalled),
+1 a probe that failed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pipelines.stages.bench.load import CellSpec, run_cell
 from pipelines.stages.bench.probes import run_probes
 from pipelines.stages.bench.run import cell_line, fitted_sweep_body
 from pipelines.stages.bench.serverview import not_serving
+from pipelines.stages.bench.stall import stall_note
 from pipelines.stages.bench.timing import failure_reasons
 
 
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             raise BadInput(
                 f"{flag}: expected a whole number of 1 or more, got {getattr(args, option)}"
             )
-    if why := not_serving(url):
+    if why := not_serving(url, args.model):
         raise NotMeasured(f"cell c{args.concurrency} not measured: {why}")
     body = fitted_sweep_body(url, args.model, args.prompt_tokens, args.max_tokens, args.timeout)
     spec = CellSpec(f"c{args.concurrency}", args.concurrency, args.requests, body, args.timeout)
@@ -87,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             f"cell {result.name}: {failed} of {args.requests} requests failed:"
             f" {failure_reasons(result.summary)}"
         )
+    if note := stall_note(result.summary):
+        raise NotMeasured(f"cell {result.name}: {note}")
     return 0
 
 

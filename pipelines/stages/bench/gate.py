@@ -14,6 +14,7 @@ from typing import Any
 
 from pipelines.core.profiles import BaselineSpec
 from pipelines.stages.bench.intervals import bootstrap_interval, runs_to_decide
+from pipelines.stages.bench.stall import stall_note
 
 PASSED, REGRESSED, INCONCLUSIVE, NOT_MEASURED = (
     "passed",
@@ -123,14 +124,20 @@ def regressed(results: dict[str, Any], baseline: list[BaselineSpec]) -> bool:
 
 
 def measured_all(results: dict[str, Any], baseline: list[BaselineSpec]) -> bool:
-    """True when the server answered, every cell ran whole and every gated metric has a value:
-    only then is the gate a verdict on the deployment rather than on the measurement."""
+    """True when the server answered, every cell ran whole with a client that kept up, and
+    every gated metric has a value: only then is the gate a verdict on the deployment rather
+    than on the measurement."""
     probes = results.get("probes") or []
     cells = list(results.get("decode", [])) + [c for c in [results.get("saturation")] if c]
     return (
         bool(probes)
         and probes[0]["passed"]  # the models probe: the server answers and serves the model
-        and not any(c.get("refused") or (c.get("summary") or {}).get("failed") for c in cells)
+        and not any(
+            c.get("refused")
+            or (c.get("summary") or {}).get("failed")
+            or stall_note(c.get("summary") or {})
+            for c in cells
+        )
         and all(metric_value(results, entry.metric) is not None for entry in baseline)
     )
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.stages.bench.client import stream_chat
+from pipelines.stages.bench.failures import NotMeasured
 from pipelines.stages.bench.record import RequestRecord
 from pipelines.stages.bench.serverview import (
     histogram_means,
@@ -16,6 +17,7 @@ from pipelines.stages.bench.serverview import (
     read_metrics,
     wait_until_idle,
 )
+from pipelines.stages.bench.stall import StallWatch
 from pipelines.stages.bench.timing import steady_state, summarize
 
 
@@ -55,7 +57,14 @@ class Cell:
 
 
 def run_closed_loop(base_url: str, spec: CellSpec) -> tuple[list[RequestRecord], float]:
-    """Send spec.requests requests over spec.concurrency streams; records and wall seconds."""
+    """Send spec.requests requests over spec.concurrency streams; records and wall seconds.
+
+    Every body is made before the clock starts (a body may ask the server to count its
+    prompt), so the first wave leaves together, as a server under C users sees it, and each
+    next request as its stream's last one ends. (A barrier before the first wave made it no
+    narrower in tests/test_bench.py: making each body was what spread it.)
+    """
+    bodies = [spec.body(index) for index in range(spec.requests)]
     records: list[RequestRecord | None] = [None] * spec.requests
     next_index = iter(range(spec.requests))
     lock = threading.Lock()
@@ -66,15 +75,22 @@ def run_closed_loop(base_url: str, spec: CellSpec) -> tuple[list[RequestRecord],
                 index = next(next_index, None)
             if index is None:
                 return
-            records[index] = stream_chat(base_url, spec.body(index), spec.timeout)
+            records[index] = stream_chat(base_url, bodies[index], spec.timeout)
 
     started = time.perf_counter()
-    threads = [threading.Thread(target=stream, daemon=True) for _ in range(spec.concurrency)]
+    streams = min(spec.concurrency, spec.requests)
+    threads = [threading.Thread(target=stream, daemon=True) for _ in range(streams)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     return [r for r in records if r is not None], time.perf_counter() - started
+
+
+def start_spread_ms(records: list[RequestRecord], concurrency: int) -> float | None:
+    """How far apart the first wave's requests started, in ms (None with no wave)."""
+    wave = sorted(r.started for r in records)[:concurrency]
+    return round((wave[-1] - wave[0]) * 1000, 3) if wave else None
 
 
 def short(body: dict[str, Any], tokens: int = 8) -> dict[str, Any]:
@@ -100,25 +116,38 @@ def run_cell(base_url: str, spec: CellSpec, idle_timeout: float = 30.0) -> Cell:
             spec.timeout,
             0,
         )
-        run_closed_loop(base_url, warm)
+        try:
+            run_closed_loop(base_url, warm)
+        except NotMeasured as err:  # a prompt the server's count cannot be fitted to
+            cell.refused = str(err)
+            return cell
     busy = wait_until_idle(base_url, idle_timeout)
     if busy:
         cell.refused = busy
         return cell
     before = read_metrics(base_url)
-    cell.records, duration = run_closed_loop(base_url, spec)
+    try:
+        with StallWatch() as watch:
+            cell.records, duration = run_closed_loop(base_url, spec)
+    except NotMeasured as err:
+        cell.refused = str(err)
+        return cell
     after = read_metrics(base_url)
     cell.summary = {
         "concurrency": spec.concurrency,
         **summarize(cell.records, duration),
+        "start_spread_ms": start_spread_ms(cell.records, spec.concurrency),
+        "client_stall_s": round(watch.worst, 3),
         **steady_state(cell.records, spec.concurrency),
         **histogram_means(before, after),
     }
     return cell
 
 
-# Summary keys that add up over runs; the other numbers are averaged.
+# Summary keys that add up over runs, and those whose worst run is the cell's; the other
+# numbers are averaged.
 SUMMED = ("completed", "failed", "total_input_tokens", "total_output_tokens", "duration")
+WORST = ("start_spread_ms", "client_stall_s")
 
 
 def merged_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -130,6 +159,8 @@ def merged_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if key in SUMMED:
             merged[key] = sum(numbers)
+        elif key in WORST and numbers:
+            merged[key] = max(numbers)
         elif numbers and len(numbers) == len(values) and len(set(numbers)) == 1:
             merged[key] = numbers[0]  # the same in every run (concurrency): kept as it is
         elif numbers and len(numbers) == len(values):

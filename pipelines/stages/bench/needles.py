@@ -8,6 +8,7 @@ makes one cheap: not within a run, not across runs.
 
 from __future__ import annotations
 
+import json
 import random
 import secrets
 import time
@@ -16,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pipelines.core.httpjson import post_json
-from pipelines.stages.bench.client import stream_chat
+from pipelines.stages.bench.client import MAX_PROMPT_TOKENS, stream_chat
 
 FILLER = (
     "The grass is green and the sky is blue; the sun is yellow and here we go again. "
@@ -62,7 +63,12 @@ def server_counter(base_url: str, model: str, timeout: float) -> Callable[[str],
             f"{base_url}/tokenize", {"model": model, "messages": messages}, timeout
         )
         if status == 200 and isinstance(body, dict) and "count" in body:
-            return int(body["count"])
+            told = body["count"]
+            if type(told) is not int or not 0 <= told <= MAX_PROMPT_TOKENS:
+                shown = json.dumps(told)[:40]
+                raise RuntimeError(f"/tokenize answered count {shown}: expected a whole number"
+                                   f" from 0 to {MAX_PROMPT_TOKENS}")  # fmt: skip
+            return told
         probe = {"model": model, "messages": messages, "max_tokens": 1}
         record = stream_chat(base_url, probe, timeout)
         if record.prompt_tokens is None:

@@ -11,6 +11,7 @@ import urllib3
 
 from pipelines.core.httpjson import get_json
 from pipelines.stages.bench.client import stream_chat
+from pipelines.stages.bench.serverview import served_models
 
 WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
@@ -59,10 +60,7 @@ def probe_models(base_url: str, model: str, min_context: int) -> tuple[Probe, in
         status, body = get_json(f"{base_url}/v1/models")
     except urllib3.exceptions.HTTPError as err:
         return Probe("models", False, f"unreachable: {type(err).__name__}"), None
-    # Keyed by the id the server gives (JSON: whatever it sent).
-    cards: dict[Any, dict[str, Any]] = {
-        c.get("id"): c for c in (body or {}).get("data", []) if isinstance(c, dict)
-    }
+    cards = served_models(body)
     if status != 200 or model not in cards:
         return Probe("models", False, f"HTTP {status}; served: {sorted(cards)}"), None
     context = cards[model].get("max_model_len")

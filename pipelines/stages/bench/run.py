@@ -14,6 +14,7 @@ from pipelines.stages.bench.gate import check_baseline, gate_rows, inconclusive
 from pipelines.stages.bench.load import Cell, CellSpec, run_repeated
 from pipelines.stages.bench.needles import FILLER, fit_to_length, run_needle, server_counter
 from pipelines.stages.bench.probes import run_probes
+from pipelines.stages.bench.stall import stall_note
 from pipelines.stages.bench.timing import failure_reasons
 
 CODE_TASK = (
@@ -22,11 +23,36 @@ CODE_TASK = (
 )
 
 
-def sweep_message(words: int, nonce: str) -> str:
-    """The sweep's prompt: a nonce, `words` filler words, then the code task."""
+def sweep_message(words: int, nonce: str, pad: int = 0) -> str:
+    """The sweep's prompt: a nonce, `words` filler words, `pad` single dots, then the task."""
     filler = FILLER.split()
     context = " ".join(filler[i % len(filler)] for i in range(words))
-    return f"[{nonce}] {context}\n\n{CODE_TASK}"
+    return f"[{nonce}] {context}{' .' * pad}\n\n{CODE_TASK}"
+
+
+# Counts asked per request to land exactly on its length: a few are enough where a dot is one
+# token (a nonce moves the count by a token or two, each dot by one).
+EXACT_TRIES = 6
+
+
+def exact_message(target: int, words: int, count: Callable[[str], int]) -> str:
+    """A sweep prompt of a fresh nonce that the server counts as exactly target tokens: the
+    fitted words (fewer if this nonce costs more), then dots up to the length."""
+    tag, pad, seen = nonce(), 0, []
+    for _ in range(EXACT_TRIES):
+        message = sweep_message(words, tag, pad)
+        tokens = count(message)
+        if tokens == target:
+            return message
+        seen.append(tokens)
+        if tokens > target and pad == 0:
+            words = max(0, words - (tokens - target))  # each filler word is a token or more
+        else:
+            pad = max(0, pad + target - tokens)
+    raise NotMeasured(
+        f"--prompt-tokens {target}: the server counted {', '.join(map(str, seen))} tokens for"
+        f" prompts fitted to it, never {target} (its tokenizer does not count a dot as one)"
+    )
 
 
 def sweep_body(
@@ -34,18 +60,23 @@ def sweep_body(
 ) -> Callable[[int], dict[str, Any]]:
     """Greedy code generation, thinking off, exactly max_tokens out; a fresh nonce per request.
 
-    With count (the server's own token count of a prompt) the prompt is prompt_tokens tokens
-    or a filler word fewer; without it, prompt_tokens words in all (an estimate).
+    With count (the server's own token count of a prompt) each prompt is exactly prompt_tokens
+    tokens by that count; without it, prompt_tokens words in all (an estimate).
     """
     if count is None:
         words = max(0, prompt_tokens - len(CODE_TASK.split()) - 1)  # - the task, the nonce
     else:
         words = fit_to_length(prompt_tokens, count, lambda n: sweep_message(n, nonce()))
 
+    def message() -> str:
+        if count is None:
+            return sweep_message(words, nonce())
+        return exact_message(prompt_tokens, words, count)
+
     def body(index: int) -> dict[str, Any]:
         return {
             "model": model,
-            "messages": [{"role": "user", "content": sweep_message(words, nonce())}],
+            "messages": [{"role": "user", "content": message()}],
             "max_tokens": max_tokens,
             "min_tokens": max_tokens,
             "ignore_eos": True,
@@ -64,13 +95,16 @@ def nonce() -> str:
 def fitted_sweep_body(
     base_url: str, model: str, prompt_tokens: int, max_tokens: int, timeout: float
 ) -> Callable[[int], dict[str, Any]]:
-    """The sweep body with its prompt fitted to prompt_tokens by the server's own count."""
-    try:
-        return sweep_body(
-            model, prompt_tokens, max_tokens, server_counter(base_url, model, timeout)
-        )
-    except RuntimeError as err:
-        raise NotMeasured(f"--prompt-tokens {prompt_tokens}: {err}") from err
+    """The sweep body with each prompt exactly prompt_tokens by the server's own count."""
+    counter = server_counter(base_url, model, timeout)
+
+    def count(prompt: str) -> int:
+        try:
+            return counter(prompt)
+        except RuntimeError as err:
+            raise NotMeasured(f"--prompt-tokens {prompt_tokens}: {err}") from err
+
+    return sweep_body(model, prompt_tokens, max_tokens, count)
 
 
 def say(line: str) -> None:
@@ -94,6 +128,8 @@ def cell_line(cell: Cell) -> str:
         parts.append(s["window_note"])
     if s.get("median_ttft_ms") is not None:
         parts.append(f"TTFT median {s['median_ttft_ms']:.0f} ms")
+    if note := stall_note(s):
+        parts.append(note)
     return f"{cell.name}: " + "; ".join(parts)
 
 
@@ -148,6 +184,8 @@ def run_bench(
             results["failures"].append(
                 f"cell {cell['name']}: {cell['summary']['failed']} request(s) failed: {errors}"
             )
+        elif note := stall_note(cell["summary"]):
+            results["failures"].append(f"cell {cell['name']}: {note}")
     return results
 
 

@@ -8,8 +8,10 @@ server's mean TTFT and inter-token latency for exactly that cell, beside the cli
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import urllib3
 
@@ -70,11 +72,12 @@ def load_of(metrics: Metrics | None) -> tuple[float, float] | None:
     return running or 0.0, waiting or 0.0
 
 
-def not_serving(base_url: str) -> str | None:
+def not_serving(base_url: str, model: str | None = None) -> str | None:
     """Why base_url is no OpenAI server to measure (nothing answers, or /v1/models is not
-    there: a URL ending in /v1, a wrong port); None when /v1/models answers 200."""
+    there: a URL ending in /v1, a wrong port), or does not serve model when one is named;
+    None when /v1/models answers 200 (and lists model)."""
     try:
-        status, _ = fetch("GET", f"{base_url}/v1/models", 30)
+        status, page = fetch("GET", f"{base_url}/v1/models", 30)
     except urllib3.exceptions.HTTPError as err:
         reason = getattr(err, "reason", None) or err
         return f"nothing answers at {base_url}: {type(reason).__name__}: {str(reason)[:160]}"
@@ -85,7 +88,24 @@ def not_serving(base_url: str) -> str | None:
         )
     if status != 200:
         return f"{base_url}/v1/models: HTTP {status}"
+    if model is None:
+        return None
+    try:
+        cards = served_models(json.loads(page))
+    except (ValueError, RecursionError):
+        return f"{base_url}/v1/models: not JSON"
+    if model not in cards:
+        listed = ", ".join(sorted(cards)[:10]) or "none"
+        return f"the server at {base_url} serves no model {model!r} (it lists: {listed})"
     return None
+
+
+def served_models(body: Any) -> dict[str, dict[str, Any]]:
+    """The model cards of a /v1/models answer by id (only ids that are strings: whatever else
+    a server sent is no model of its)."""
+    data = body.get("data") if isinstance(body, dict) else None
+    cards = data if isinstance(data, list) else []
+    return {c["id"]: c for c in cards if isinstance(c, dict) and isinstance(c.get("id"), str)}
 
 
 def wait_until_idle(base_url: str, timeout: float = 30.0) -> str | None:
