@@ -669,12 +669,63 @@ def test_the_operator_check_passes_schemas_derived_at_the_recorded_commit(tmp_pa
     ]
 
 
-def test_the_operator_check_reads_the_recorded_commit_not_the_checkouts_head(tmp_path):
+def test_the_operator_check_lists_what_moved_at_head_and_fails(tmp_path):
     repo, schemas = checkable_operator(tmp_path)
     crd_file = repo / "config/crd/bases/inference.llmkube.dev_models.yaml"
-    crd_file.write_text(crd_file.read_text().replace("^s3://", "^gs://"))
+    body = yaml.safe_load(crd_file.read_text())
+    spec = body["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec["properties"]["source"]["pattern"] = "^gs://"  # a bound moved
+    spec["properties"]["maxLifetimeSeconds"] = {"type": "integer", "minimum": 60}  # a field
+    spec["required"].append("maxLifetimeSeconds")
+    spec["properties"]["gpu"]["x-kubernetes-validations"].append(  # a rule
+        {"rule": "self.count % 2 == 0", "message": "even"}
+    )
+    del spec["properties"]["opaque"]
+    crd_file.write_text(yaml.safe_dump(body))
     git(repo, "commit", "-q", "-am", "later")
+    head = git(repo, "rev-parse", "HEAD").strip()
+    result = crds_check(repo, schemas)
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[3:] == [
+        f"Model at HEAD {head[:12]} against model.json:",
+        "  ~ .spec.maxLifetimeSeconds: now required",
+        "  + .spec.gpu rule: self.count % 2 == 0",
+        "  + .spec.maxLifetimeSeconds (integer)",
+        "  - .spec.opaque",
+        '  ~ .spec.source pattern: "^s3://" -> "^gs://"',
+        "2 of 2 samples (Model, InferenceService) under config/samples, examples at HEAD"
+        f" {head[:12]} pass layers 1 and 2",
+    ]
+    recorded = json.loads((schemas / "source.json").read_text())["commit"]
+    assert result.stderr == (
+        "error: config/crd/bases/inference.llmkube.dev_models.yaml: 5 change(s) since"
+        f" {recorded[:12]}, the commit {schemas / 'source.json'} records: derive again, review"
+        " the diff, commit\n"
+    )
+    git(repo, "checkout", "-q", recorded)  # the checkout at the recorded commit: all agrees
     assert crds_check(repo, schemas).returncode == 0
+
+
+def test_the_operator_check_at_a_later_head_with_the_crds_unchanged_passes(tmp_path):
+    repo, schemas = checkable_operator(tmp_path)
+    (repo / "README.md").write_text("a later commit that leaves the CRDs alone\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "docs")
+    result = crds_check(repo, schemas)
+    assert result.returncode == 0, result.stderr
+    assert "no CRD changed since" in result.stdout
+
+
+def test_the_operator_check_fails_on_a_sample_added_at_head_that_the_schemas_refuse(tmp_path):
+    repo, schemas = checkable_operator(tmp_path)
+    (repo / "config/samples/later.yaml").write_text(
+        yaml.safe_dump(sample("d", {"source": "gs://m/d"}))
+    )
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "a sample")
+    result = crds_check(repo, schemas)
+    assert result.returncode == 1
+    assert "error: config/samples/later.yaml#0: spec.source: " in result.stderr
 
 
 def test_the_operator_check_fails_on_a_schema_that_differs_or_a_crd_of_another_hash(tmp_path):

@@ -192,7 +192,9 @@ def check(repo: Path, schemas: Path = LLMKUBE_SCHEMAS_DIR) -> tuple[list[str], l
 
     At the commit source.json records, each CRD must have the recorded sha256 and derive to
     the committed file byte for byte, and every sample must pass layers 1 and 2 with the
-    schemas of that folder (and its overlay).
+    schemas of that folder (and its overlay). Where the checkout's HEAD is another commit,
+    each CRD that moved since is derived there and what changed is listed (a problem: the
+    schemas are behind), and HEAD's samples must pass the committed schemas too.
     """
     record = read_record(schemas)
     commit = record.commit
@@ -210,17 +212,61 @@ def check(repo: Path, schemas: Path = LLMKUBE_SCHEMAS_DIR) -> tuple[list[str], l
             problems.append(f"{committed}: differs from what {f.path} derives to")
         else:
             findings.append(f"{committed.name}: byte-identical to what {f.path} derives to")
+    problems += samples_refused(repo, commit, schemas, findings, "")
+    head, _ = commit_of(repo, "HEAD")
+    if head != commit:
+        moved = drift(repo, head, record, schemas, findings)
+        problems += moved + samples_refused(repo, head, schemas, findings, f" at HEAD {head[:12]}")
+        if not moved:
+            findings.append(f"HEAD {head[:12]}: no CRD changed since {commit[:12]}")
+    return findings, problems
+
+
+def samples_refused(
+    repo: Path, commit: str, schemas: Path, findings: list[str], at: str
+) -> list[str]:
+    """The operator's samples at a commit through the committed schemas: a line of how many
+    pass into findings, every refusal returned."""
     samples = operator_samples(repo, commit)
+    refused_all: list[str] = []
     passed = 0
     for doc in samples:
         refused = check_crd_schema(doc, schemas) + check_operator_rules(doc, schemas)
-        problems += refused
+        refused_all += refused
         passed += not refused
     findings.append(
         f"{passed} of {len(samples)} samples (Model, InferenceService) under"
-        f" {', '.join(SAMPLE_FOLDERS)} pass layers 1 and 2"
+        f" {', '.join(SAMPLE_FOLDERS)}{at} pass layers 1 and 2"
     )
-    return findings, problems
+    return refused_all
+
+
+def drift(
+    repo: Path, head: str, record: SourceRecord, schemas: Path, findings: list[str]
+) -> list[str]:
+    """Each CRD that moved between the recorded commit and head: what changed in its derived
+    schema into findings, one problem line per CRD returned."""
+    from pipelines.stages.render.crd_diff import schema_changes
+
+    problems = []
+    for f in record.files:
+        try:
+            text = git_show(repo, head, f.path)
+        except DeriveError:
+            problems.append(f"{f.path}: gone at HEAD {head[:12]}")
+            continue
+        if hashlib.sha256(text).hexdigest() == f.sha256:
+            continue
+        committed = json.loads((schemas / f.derived).read_text())
+        changes = schema_changes(committed["schema"], derive_kind(text, f.kind, f.path)["schema"])
+        findings.append(f"{f.kind} at HEAD {head[:12]} against {f.derived}:")
+        findings += [f"  {line}" for line in changes] or ["  (prose only: nothing derived moved)"]
+        if changes:
+            problems.append(
+                f"{f.path}: {len(changes)} change(s) since {record.commit[:12]}, the commit"
+                f" {schemas / SOURCE_RECORD} records: derive again, review the diff, commit"
+            )
+    return problems
 
 
 class SourceFile(msgspec.Struct, frozen=True):
