@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support import stages
+from support.operator_repo import crd, git, operator_repo
 
 from pipelines.core.errors import PipelineError
 from pipelines.core.modellock import load_lock, lock_path
@@ -425,87 +426,6 @@ def test_doit_list_imports_neither_the_cel_library_nor_jsonschema():
     }
     assert "build" in result.stdout
     assert not {"cel", "jsonschema", "kubernetes_validate"} & modules
-
-
-def git(repo: Path, *args: str) -> str:
-    """Run git in a test repository."""
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_DATE": "2026-08-22T11:17:43-07:00",
-        "GIT_COMMITTER_DATE": "2026-08-22T11:17:43-07:00",
-    }
-    return subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
-        check=True,
-        capture_output=True,
-        text=True,
-        env=env,
-    ).stdout
-
-
-def crd(kind: str, plural: str, spec_schema: dict) -> dict:
-    """A small CustomResourceDefinition of the llmkube group."""
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.inference.llmkube.dev"},
-        "spec": {
-            "group": "inference.llmkube.dev",
-            "names": {"kind": kind, "plural": plural},
-            "versions": [
-                {
-                    "name": "v1alpha1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": "prose",
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": spec_schema,
-                            },
-                        }
-                    },
-                }
-            ],
-        },
-    }
-
-
-def operator_repo(tmp_path: Path, extra: dict | None = None) -> Path:
-    """A git repository laid out like the operator's, with two small CRDs committed."""
-    repo = tmp_path / "operator"
-    (repo / "config/crd/bases").mkdir(parents=True)
-    git(repo, "init", "-q")
-    spec = {
-        "type": "object",
-        "description": "the spec",
-        "required": ["source"],
-        "properties": {
-            "source": {"type": "string", "pattern": "^s3://", "description": "where"},
-            "size": {
-                "anyOf": [{"type": "integer"}, {"type": "string"}],
-                "x-kubernetes-int-or-string": True,
-            },
-            "opaque": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-            "gpu": {
-                "type": "object",
-                "x-kubernetes-map-type": "atomic",
-                **(extra or {}),
-                "x-kubernetes-validations": [{"rule": "self.count <= 8", "message": "at most 8"}],
-                "properties": {"count": {"type": "integer", "minimum": 0, "maximum": 8}},
-            },
-        },
-    }
-    for kind, plural in (("Model", "models"), ("InferenceService", "inferenceservices")):
-        path = repo / f"config/crd/bases/inference.llmkube.dev_{plural}.yaml"
-        path.write_text(yaml.safe_dump(crd(kind, plural, spec)))
-    git(repo, "add", ".")
-    git(repo, "commit", "-q", "-m", "crds")
-    return repo
 
 
 def test_the_deriver_keeps_the_facts_drops_the_prose_and_records_its_source(tmp_path):

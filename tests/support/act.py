@@ -126,9 +126,13 @@ def start_act(
     repository: str,
     platforms: tuple[str, ...] = ("self-hosted",),
     job: str | None = None,
+    checkout: Path = REPO,
+    other_repositories: dict[str, Path] | None = None,
 ) -> Started:
     """`act EVENT -W .github/workflows/WORKFLOW` with the payload, on the host, started in folder
-    (its HOME, caches, secret and variable files, log and artifacts are all there)."""
+    (its HOME, caches, secret and variable files, log and artifacts are all there), from the
+    checkout (github.sha its HEAD); another repository a job checks out (owner/name) comes from
+    its folder in other_repositories."""
     folder.mkdir(parents=True, exist_ok=True)
     home, artifacts = folder / "home", folder / "artifacts"
     for made in (home, artifacts):
@@ -175,13 +179,15 @@ def start_act(
         # The runner's python3: the one the tests run on (Debian's 3.11.2 lacks tarfile's
         # extraction filters, which the image normalizer uses).
         "PATH": f"{Path(sys.base_prefix) / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin",
-        "STANDIN_REPOSITORY": str(REPO),
+        "STANDIN_REPOSITORY": str(checkout),
         "STANDIN_ARTIFACTS": str(artifacts),
     }
+    for name, where in (other_repositories or {}).items():  # as the checkout stand-in names it
+        environment["STANDIN_" + re.sub(r"[^A-Z0-9]", "_", name.upper())] = str(where)
     with (folder / "act.log").open("w") as log:
         process = subprocess.Popen(
             command,
-            cwd=REPO,
+            cwd=checkout,
             env=environment,
             stdin=subprocess.DEVNULL,
             stdout=log,
