@@ -62,28 +62,62 @@ SERVICE_FIXTURES = {"stack", "ring"}
 RING_FILES = {"test_ringnet.py", "test_weights_ring.py"}
 
 
+# The files that take longest (minutes each, `--durations` of fresh-clone runs on 2 cores),
+# longest first: started first, they do not run on alone at the end.
+LONGEST_FIRST = (
+    "test_act_workflows.py",
+    "test_reproducible_arm64.py",
+    "test_reproducible_arm64_bases.py",
+    "test_reproducible.py",
+    "test_deploy_ring.py",
+    "test_deploy_diff.py",
+    "test_debian_lock.py",
+    "test_gc.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark `stack` every test that reaches a fixture starting services, however indirectly
-    (the fast lane is `pytest -m "not stack"`, which starts none); then put the files with such
-    tests first, each file's tests in their order: pytest-xdist hands files out in this order,
-    and the long ones started last would run on alone at the end."""
+    (the fast lane is `pytest -m "not stack"`, which starts none); then order the files for
+    pytest-xdist, which hands them out in this order: the longest first, then the other files
+    with such tests, then the rest, each file's tests in their order."""
     for item in items:
         if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.stack)
     with_services = {item.path for item in items if item.get_closest_marker("stack")}
-    items.sort(key=lambda item: item.path not in with_services)
+    items.sort(key=lambda item: run_order(item.path.name, item.path in with_services))
+
+
+def run_order(name: str, with_services: bool) -> tuple[int, bool]:
+    """Where a file goes in the run: its place among the longest, then services first."""
+    longest = LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+    return longest, not with_services
+
+
+# Files whose parametrized builds each take minutes: each parameter is a scope of its own, so
+# several workers share the file (the plain builds they compare with are made once per session:
+# support/reproducible.py).
+SPLIT_FILES = {"test_reproducible.py", "test_reproducible_arm64_bases.py"}
 
 
 def xdist_scope(nodeid: str) -> str:
     """The scope pytest-xdist keeps on one worker: a test's file (its module fixtures are made
-    once), the ring files together."""
-    path = nodeid.split("::", 1)[0]
-    return "ring files" if Path(path).name in RING_FILES else path
+    once), the ring files together, a split file's tests by their parameter."""
+    path, _, rest = nodeid.partition("::")
+    name = Path(path).name
+    if name in RING_FILES:
+        return "ring files"
+    if name in SPLIT_FILES and "[" in rest:
+        return f"{path}[{rest.partition('[')[2]}"
+    return path
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """pytest-xdist's scheduling by scope, with xdist_scope as the scope."""
+    """pytest-xdist's scheduling by scope, with xdist_scope as the scope, in the order
+    pytest_collection_modifyitems left (not reordered by how many tests a scope has)."""
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
 
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:

@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from conftest import RING_FILES, xdist_scope
+from conftest import LONGEST_FIRST, RING_FILES, SPLIT_FILES, run_order, xdist_scope
 from support.stack import PORT_VARIABLES, SESSION_ENV, SHARED_STACK, STARTED_BY, started_here
 
 import devstack as local_stack
@@ -22,6 +22,17 @@ def test_a_files_tests_share_a_worker_and_the_ring_files_share_one():
     assert deploy != xdist_scope("tests/test_deploy_ring.py::test_a")
     ringnet, staging = (xdist_scope(f"tests/{name}::test_a") for name in sorted(RING_FILES))
     assert ringnet == staging
+
+
+def test_a_split_files_builds_go_to_workers_apart_and_the_longest_files_start_first():
+    days, years = (f"tests/{sorted(SPLIT_FILES)[0]}::test_b[base-{v}]" for v in ("days", "years"))
+    assert xdist_scope(days) != xdist_scope(years)
+    assert xdist_scope(days) == xdist_scope(days.replace("::test_b", "::test_c"))
+    assert all((TESTS / name).is_file() for name in LONGEST_FIRST)  # no name gone stale
+    files = [("test_a.py", True), ("test_b.py", False), (LONGEST_FIRST[1], True)]
+    files.append((LONGEST_FIRST[0], True))
+    ordered = [name for name, services in sorted(files, key=lambda f: run_order(*f))]
+    assert ordered == [LONGEST_FIRST[0], LONGEST_FIRST[1], "test_a.py", "test_b.py"]
 
 
 def test_every_file_that_builds_a_ring_is_a_ring_file():

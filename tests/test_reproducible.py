@@ -35,13 +35,13 @@ RECORDED = [("base", "local-sim"), ("base", "weights-stager"), ("image", "weight
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
     """The plain clean build of (kind, image), made once for the module."""
-    return plain_builds(PLATFORM, tmp_path_factory.mktemp("plain"), DEBS)
+    return plain_builds(PLATFORM, tmp_path_factory, DEBS)
 
 
 @pytest.fixture(scope="module")
-def with_bases(stack, tmp_path_factory):
+def with_bases(stack, plain, tmp_path_factory):
     """The images' bases in the tests' registry (an image's clean build starts from its base)."""
-    bases_in_registry(stack, ["local-sim", "weights-stager"], PLATFORM, tmp_path_factory)
+    bases_in_registry(stack, ["local-sim", "weights-stager"], PLATFORM, tmp_path_factory, plain)
 
 
 @pytest.mark.stack  # builds of a Debian base, minutes: not the fast lane

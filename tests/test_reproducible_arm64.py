@@ -51,13 +51,13 @@ def emulation():
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
     """The plain clean build of (kind, image), made once for the module."""
-    return plain_builds(PLATFORM, tmp_path_factory.mktemp("plain"), DEBS)
+    return plain_builds(PLATFORM, tmp_path_factory, DEBS)
 
 
 @pytest.fixture(scope="module")
-def with_bases(stack, tmp_path_factory):
+def with_bases(stack, plain, tmp_path_factory):
     """The images' arm64 bases in the tests' registry."""
-    bases_in_registry(stack, ["local-sim", "weights-stager"], PLATFORM, tmp_path_factory)
+    bases_in_registry(stack, ["local-sim", "weights-stager"], PLATFORM, tmp_path_factory, plain)
 
 
 @pytest.mark.parametrize(("kind", "image", "variation"), VARIED, ids=variation_id)

@@ -30,7 +30,7 @@ def emulation():
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
     """The plain clean build of (kind, image), made once for the module."""
-    return plain_builds(PLATFORM, tmp_path_factory.mktemp("plain"), DEBS)
+    return plain_builds(PLATFORM, tmp_path_factory, DEBS)
 
 
 @pytest.mark.stack  # builds of a Debian base, minutes: not the fast lane

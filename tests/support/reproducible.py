@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import fcntl
 import json
 import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
@@ -99,9 +100,11 @@ def assert_recorded(kind: str, image: str, arch: str, build: Build, tried: list[
     )
 
 
-def bases_in_registry(stack, images: list[str], platform: str, tmp_path_factory) -> None:
-    """Each image's base for platform in the tests' registry, built by the pipeline's own step
-    where the registry lacks its key."""
+def bases_in_registry(stack, images: list[str], platform: str, tmp_path_factory, plain) -> None:
+    """Each image's base for platform in the tests' registry under its step's key: the plain
+    clean build of it (plain, shared by the session's workers), pushed by the step's own cache
+    where the registry lacks the key. One debootstrap per base and architecture in a run, not
+    two: the plain build is the one the reproducibility tests compare anyway."""
     from support.stages import ImageAt
 
     from pipelines.core.site import Site
@@ -111,21 +114,37 @@ def bases_in_registry(stack, images: list[str], platform: str, tmp_path_factory)
     site = Site(lambda: (stack.registry, (stack.docker_host,)))
     for image in images:
         engine = Engine(Store(tmp_path_factory.mktemp("base-store")))
-        stage = ImageAt(REPO / "images" / image, platform, engine, site)
-        assert stage.base_step is not None
-        engine.run(stage.base_step)
+        step = ImageAt(REPO / "images" / image, platform, engine, site).base_step
+        assert step is not None and step.cache is not None
+        built = plain("base", image)
+        assert built.key == engine.key(step), f"{image} base {platform}: the step's key moved"
+        if not step.cache.has(built.key):
+            with tempfile.TemporaryDirectory() as work:
+                (Path(work) / "out").symlink_to(built.folder)
+                step.cache.publish(built.key, Path(work), {"name": step.name})
+        engine.run(step)  # finds its key's tag: builds nothing
 
 
-def plain_builds(platform: str, work: Path, debs: Path):
-    """clean_build under no variation for (kind, image), each made once, for a test module."""
+def plain_builds(platform: str, tmp_path_factory, debs: Path):
+    """clean_build under no variation for (kind, image), each made once per session: the first
+    worker to ask builds it (under a lock), the others read what it wrote."""
     from support.variations import PLAIN
 
-    built: dict[tuple[str, str], Build] = {}
+    base = tmp_path_factory.getbasetemp()
+    # Under pytest-xdist each worker's basetemp is a folder of the session's own.
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "plain-builds"
+    shared.mkdir(exist_ok=True)
 
     def build(kind: str, image: str) -> Build:
-        if (kind, image) not in built:
-            built[kind, image] = clean_build(kind, image, platform, PLAIN, work, debs)
-        return built[kind, image]
+        name = f"{kind}-{image}-{platform.replace('/', '-')}"
+        result = shared / f"{name}.json"
+        with (shared / f"{name}.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another worker building it: wait for its result
+            if not result.exists():
+                made = clean_build(kind, image, platform, PLAIN, shared, debs)
+                result.write_text(json.dumps({**asdict(made), "folder": str(made.folder)}))
+            recorded = json.loads(result.read_text())
+        return Build(recorded["key"], recorded["digest"], Path(recorded["folder"]))
 
     return build
 
