@@ -104,6 +104,13 @@ def minimal(kind: str, spec: dict) -> Document:
     return Document(f"{kind.lower()}-x.yaml", body)
 
 
+# A two-member group that keeps every rule (TP2 over two members of one GPU each).
+GROUP = {
+    "runtime": "vllm",
+    "resources": {"gpu": 1},
+    "vllmConfig": {"tensorParallelSize": 2},
+    "multiNode": {"members": [{"node": "a", "fabric": {"address": "10.0.0.1"}}, {"node": "b"}]},
+}
 # Every CEL rule of the derived schemas: a document that breaks it (and only it).
 BREAKS = {
     ("Model", "spec.hardware.gpu#0"): {
@@ -139,6 +146,15 @@ BREAKS = {
     ("InferenceService", "spec.speculativeDecoding#2"): {
         "speculativeDecoding": {"type": "draft", "draftModel": "d.gguf", "draftModelRef": "d"}
     },
+    # The merged multi-node rules (the PR #1746 overlay, until a refresh brings the CRD's own)
+    ("InferenceService", "spec#0"): {**GROUP, "replicas": 2},
+    ("InferenceService", "spec#1"): {**GROUP, "runtime": "sglang"},
+    ("InferenceService", "spec.multiNode#0"): {
+        **GROUP,
+        "multiNode": {
+            "members": [{"node": "a", "fabric": {"socketInterface": "e"}}, {"node": "b"}]
+        },
+    },
 }
 
 
@@ -157,8 +173,11 @@ def test_a_document_that_breaks_a_cel_rule_is_refused_naming_the_rule_and_its_so
     doc = minimal(kind, BREAKS[case])
     assert check_crd_schema(doc) == []  # structurally fine: only the rule is broken
     [line] = check_operator_rules(doc)
-    rule = next(r for r in cel_rules(operator_schema(kind).schema) if r.name() == name)
+    schema = operator_schema(kind)
+    rule = next(r for r in cel_rules(schema.schema) if r.name() == name)
     source = MODEL_CRD if kind == "Model" else ISVC_CRD
+    if rule.rule in schema.overlay_rules:
+        source = "LLMKube PR #1746 overlay"
     where = name.split("#")[0].replace("[]", ".0")
     assert line.startswith(f"{doc.file}: {where}: {rule.message} [layer 2 CEL rule {name},")
     assert f"[layer 2 CEL rule {name}, {source}] (found " in line
@@ -217,17 +236,22 @@ def test_overlay_fields_are_checked_and_named_as_the_overlay_of_pr_1746():
 
 def test_the_overlay_adds_only_what_the_derived_schema_lacks_and_is_a_noop_once_present():
     derived = read_json(LLMKUBE_SCHEMAS_DIR / "inferenceservice.json")["schema"]
-    additions = read_json(LLMKUBE_SCHEMAS_DIR / OVERLAY)["add"]["InferenceService"]
-    overlaid, added = apply_overlay(derived, additions)
+    overlay = read_json(LLMKUBE_SCHEMAS_DIR / OVERLAY)
+    additions = overlay["add"]["InferenceService"]
+    constraints = overlay["constrain"]["InferenceService"]
+    overlaid, added, constrained, rules = apply_overlay(derived, additions, constraints)
     assert added == ("spec.multiNode", "spec.vllmConfig.pipelineParallelSize", "status.multiNode")
-    # A CRD that already has the fields (as one derived after PR #1746 will): nothing changes,
-    # even where the CRD's version of a field differs from the overlay's.
+    assert constrained == ("spec.resources.hostMemory", "spec.resources.memory")
+    assert len(rules) == 3  # the group's rank-0 rule, and replicas and runtime on spec
+    # A CRD that already has the fields and rules (as one derived after PR #1746 will):
+    # nothing changes, even where the CRD's version of a field differs from the overlay's.
     newer = copy.deepcopy(overlaid)
     newer["properties"]["spec"]["properties"]["multiNode"]["properties"]["extra"] = {
         "type": "string"
     }
-    again, added_again = apply_overlay(newer, additions)
-    assert added_again == () and again == newer
+    newer["properties"]["spec"]["properties"]["resources"]["properties"]["memory"]["pattern"] = "x"
+    again, *changed = apply_overlay(newer, additions, constraints)
+    assert changed == [(), (), frozenset()] and again == newer
     assert operator_schema("Model").added == ()
 
 
@@ -240,7 +264,7 @@ def test_admission_guard_single_pod_and_group():
     }
     assert check_admission(minimal("InferenceService", over)) == [
         "inferenceservice-x.yaml: spec.vllmConfig.tensorParallelSize: tensorParallelSize x"
-        " pipelineParallelSize must not exceed gpu = 2 [layer 2 admission guard, LLMKube PR"
+        " pipelineParallelSize must not exceed gpu = 2 [layer 2 reconcile-time rule, LLMKube PR"
         " #1746] (found 4)"
     ]
     # No GPU count: the operator skips the check (it derives the sizes, or cannot know them).
@@ -250,7 +274,14 @@ def test_admission_guard_single_pod_and_group():
     body["spec"]["resources"]["gpu"] = 2
     assert check_admission(Document(SERVICE, body)) == [
         f"{SERVICE}: spec.vllmConfig.tensorParallelSize: tensorParallelSize x pipelineParallelSize"
-        " must equal members x gpu = 6 [layer 2 admission guard, LLMKube PR #1746] (found 3)"
+        " must equal members x gpu = 6 [layer 2 reconcile-time rule, LLMKube PR #1746] (found 3)"
+    ]
+    body["spec"]["resources"]["gpu"] = 1
+    members = body["spec"]["multiNode"]["members"]
+    members[2]["node"] = members[0]["node"]
+    assert check_admission(Document(SERVICE, body)) == [
+        f"{SERVICE}: spec.multiNode.members.2.node: members[0] is on this node too: one member"
+        f" per node [layer 2 reconcile-time rule, LLMKube PR #1746] (found '{members[0]['node']}')"
     ]
 
 
@@ -700,3 +731,48 @@ def test_the_operator_check_refuses_a_folder_that_is_not_the_operators_repositor
     assert result.returncode == 2
     [line] = result.stderr.splitlines()
     assert line.startswith(f"error: {tmp_path / 'empty'}: ")
+
+
+# The probes of the merged operator (its Go markers): each edit of tp3-ring's service, and what
+# the operator says of it at admission (None: accepted).
+MERGED_PROBES = {
+    "rendezvousPort 1023": (
+        ("multiNode", "rendezvousPort"),
+        1023,
+        "spec.multiNode.rendezvousPort: 1023 is less than the minimum of 1024",
+    ),
+    "a member's modelCache with no claim": (
+        ("multiNode", "members", 1, "modelCache"),
+        {},
+        "spec.multiNode.members.1.modelCache: 'claimName' is a required property",
+    ),
+    "memory 110 GiB": (
+        ("resources", "memory"),
+        "110 GiB",
+        "spec.resources.memory: '110 GiB' does not match",
+    ),
+    "a 254-character claim name": (
+        ("multiNode", "members", 1, "modelCache", "claimName"),
+        "c" * 254,
+        None,
+    ),
+    "replicas 0": (("replicas",), 0, None),
+}
+
+
+@pytest.mark.parametrize("probe", sorted(MERGED_PROBES))
+def test_the_schemas_say_what_the_merged_operator_says_of_each_probe(probe):
+    path, value, said = MERGED_PROBES[probe]
+    body = copy.deepcopy(service(tp3_docs()).body)
+    node = body["spec"]
+    for key in path[:-1]:
+        node = node.setdefault(key, {}) if isinstance(key, str) else node[key]
+    node[path[-1]] = value
+    doc = Document(SERVICE, body)
+    lines = check_crd_schema(doc) + check_operator_rules(doc)
+    if said is None:
+        assert lines == []
+    else:
+        [line] = lines
+        assert line.startswith(f"{SERVICE}: {said}"), line
+        assert "[layer 1 schema, LLMKube PR #1746 overlay]" in line

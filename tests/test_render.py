@@ -190,10 +190,8 @@ def test_each_violation_names_document_path_rule_and_value():
         " less than the minimum of 0.1 [layer 1 schema, LLMKube@907ac8d8"
         " inference.llmkube.dev_inferenceservices.yaml] (found 0.05)"
     ]
-    assert check_operator_rules(broken) == [
-        "60-inferenceservice-dsv41-flash.yaml: spec.replicas: must be 1 or unset with multiNode"
-        f"{GUARD} (found 2)"
-    ]
+    [line] = check_operator_rules(broken)
+    assert line.startswith(f"60-inferenceservice-dsv41-flash.yaml: {REPLICAS_RULE}")
     assert (
         "60-inferenceservice-dsv41-flash.yaml: spec.image: image must be pinned by digest"
         " (found 'vllm/vllm-openai:latest')"
@@ -347,9 +345,8 @@ def test_multinode_with_another_runtime_is_refused_by_the_operator_rule():
     svc = next(d for d in tp3_docs() if d.body["kind"] == "InferenceService")
     body = copy.deepcopy(svc.body)
     body["spec"]["runtime"] = "llamacpp"
-    assert check_operator_rules(Document(svc.file, body)) == [
-        f"{svc.file}: spec.runtime: multiNode needs runtime vllm{GUARD} (found 'llamacpp')"
-    ]
+    [line] = check_operator_rules(Document(svc.file, body))
+    assert line.startswith(f"{svc.file}: {RUNTIME_RULE}")
 
 
 def test_launch_plans_with_an_unpinned_image_are_refused_and_nothing_is_stored(tmp_path):
@@ -392,22 +389,32 @@ def tp3_with(edits: dict) -> list[Document]:
 
 
 PRODUCT_RULE = "spec.vllmConfig.tensorParallelSize: tensorParallelSize x pipelineParallelSize must"
-GUARD = " [layer 2 admission guard, LLMKube PR #1746]"
+GUARD = " [layer 2 reconcile-time rule, LLMKube PR #1746]"
 OVERLAY = " [layer 1 schema, LLMKube PR #1746 overlay]"
 CRD_FILE = "LLMKube@907ac8d8 inference.llmkube.dev_inferenceservices.yaml"
-ADDRESS_RULE = "spec.multiNode.members.0.fabric.address: required: the rendezvous address of rank 0"
+CEL = " [layer 2 CEL rule {}, LLMKube PR #1746 overlay] (found "
+ADDRESS_RULE = (
+    "spec.multiNode: members[0].fabric.address is required: it is the rendezvous address every"
+    " other rank dials" + CEL.format("spec.multiNode#0")
+)
+REPLICAS_RULE = "spec: multiNode serves one group: replicas must be 1 or unset" + CEL.format(
+    "spec#0"
+)
+RUNTIME_RULE = "spec: multiNode is supported for runtime vllm in this release" + CEL.format(
+    "spec#1"
+)
 
 # Edits of the rendered service, and exactly the lines each must give (layer tags included).
 RULES = {
     "rank 0 without a rendezvous address": (
         {"multiNode.members.0.fabric.address": DELETE},
-        [f"{ADDRESS_RULE}{GUARD} (found None)"],
+        [ADDRESS_RULE],
     ),
     "rank 0 without its fabric": (
-        # The CRD (and #1746) does not require fabric per member: the guard asks rank 0's.
+        # The CRD does not require fabric per member: its rule asks rank 0's.
         {"multiNode.members.0.fabric": DELETE},
         [
-            f"{ADDRESS_RULE}{GUARD} (found None)",
+            ADDRESS_RULE,
             "spec.multiNode.members.0.fabric.ibHCA: must list all four RoCE devices"
             " rocep1s0f0,rocep1s0f1,roceP2p1s0f0,roceP2p1s0f1 (found '')",
         ],
@@ -416,7 +423,9 @@ RULES = {
         {"multiNode.members": DELETE},
         [
             f"spec.multiNode: 'members' is a required property{OVERLAY} (found ",
-            f"{ADDRESS_RULE}{GUARD} (found None)",
+            # The API server evaluates the rule all the same: it errs on the missing key.
+            "spec.multiNode: rule could not be evaluated: no such key: members"
+            + CEL.format("spec.multiNode#0"),
             f"{PRODUCT_RULE} equal members x gpu = 0{GUARD} (found 3)",
         ],
     ),
@@ -424,13 +433,14 @@ RULES = {
         {"multiNode.members": []},
         [
             f"spec.multiNode.members: [] is too short{OVERLAY} (found '[]')",
-            f"{ADDRESS_RULE}{GUARD} (found None)",
+            "spec.multiNode: rule could not be evaluated: index out of bounds: 0"
+            + CEL.format("spec.multiNode#0"),
             f"{PRODUCT_RULE} equal members x gpu = 0{GUARD} (found 3)",
         ],
     ),
     "two replicas of a ring": (
         {"replicas": 2},
-        [f"spec.replicas: must be 1 or unset with multiNode{GUARD} (found 2)"],
+        [REPLICAS_RULE],
     ),
     "pipeline parallel 2 on three GPUs": (
         {"vllmConfig.pipelineParallelSize": 2},
@@ -616,13 +626,13 @@ def test_violations_in_several_documents_are_all_reported_in_document_order():
         if doc.file == "20-persistentvolumeclaim-dsv41-cache-spark-2.yaml":
             body["spec"]["accessModes"] = "ReadWriteOnce"
         if doc.body["kind"] == "InferenceService":
-            body["spec"]["replicas"] = 2
+            body["spec"]["vllmConfig"]["pipelineParallelSize"] = 2
             body["spec"]["vllmConfig"]["gpuMemoryUtilization"] = 0.5
         docs.append(Document(doc.file, body))
     assert validate_documents(docs, secrets=[]) == [
         "20-persistentvolumeclaim-dsv41-cache-spark-2.yaml: spec.accessModes: 'ReadWriteOnce'"
         " is not of type 'array', 'null' (found 'ReadWriteOnce')",
-        f"{SERVICE}: spec.replicas: must be 1 or unset with multiNode{GUARD} (found 2)",
+        f"{SERVICE}: {PRODUCT_RULE} equal members x gpu = 3{GUARD} (found 6)",
         f"{SERVICE}: spec.vllmConfig.gpuMemoryUtilization: at TP3 must be at least 0.78"
         " (a smaller value leaves no KV pool) (found 0.5)",
     ]
@@ -656,7 +666,7 @@ def test_unknown_fields_are_refused_below_the_root_metadata_which_the_api_server
 
 def test_an_overlay_for_a_field_the_crd_lacks_names_the_missing_parent():
     crd = {"properties": {"spec": {"type": "object"}}}
-    schema, added = apply_overlay(crd, {"spec.newField": {"type": "string"}})
+    schema, added, _, _ = apply_overlay(crd, {"spec.newField": {"type": "string"}})
     assert schema["properties"]["spec"]["properties"] == {"newField": {"type": "string"}}
     assert added == ("spec.newField",) and crd == {"properties": {"spec": {"type": "object"}}}
     with pytest.raises(PipelineError) as err:

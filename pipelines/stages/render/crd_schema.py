@@ -30,6 +30,8 @@ class OperatorSchema:
     source: str  # the CRD file and commit it was derived from
     overlay_source: str  # the PR the overlay cites
     added: tuple[str, ...]  # dotted paths the overlay added (empty once the CRD has them)
+    constrained: tuple[str, ...] = ()  # fields the overlay gave a keyword (not their children)
+    overlay_rules: frozenset[str] = frozenset()  # the CEL rules' texts the overlay placed
 
 
 @cache
@@ -46,23 +48,56 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def apply_overlay(
-    schema: dict[str, Any], additions: dict[str, dict[str, Any]]
-) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The schema with each addition placed where it is missing; and the paths added."""
+    schema: dict[str, Any],
+    additions: dict[str, dict[str, Any]],
+    constraints: dict[str, dict[str, Any]] | None = None,
+) -> tuple[dict[str, Any], tuple[str, ...], tuple[str, ...], frozenset[str]]:
+    """The schema with each addition placed where it is missing, and each constraint's
+    keywords (a pattern, CEL rules) set on its field where the field lacks them; the paths
+    added, the paths constrained, and the texts of the CEL rules placed."""
     out = copy.deepcopy(schema)
-    added = []
+    added, constrained, rules = [], [], set()
     for dotted, fragment in additions.items():
         *parents, leaf = dotted.split(".")
-        node = out
-        for part in parents:
-            node = node.get("properties", {}).get(part)
-            if node is None:  # a parent the CRD does not have: the overlay is stale, say so
-                raise PipelineError(f"{OVERLAY}: {dotted}: the derived schema has no {part!r}")
-        props = node.setdefault("properties", {})
+        props = node_at(out, dotted, parents).setdefault("properties", {})
         if leaf not in props:  # present: the derived CRD already has the field, it wins
             props[leaf] = copy.deepcopy(fragment)
             added.append(dotted)
-    return out, tuple(added)
+            rules |= {r["rule"] for r in rules_in(fragment)}
+    for dotted, keywords in (constraints or {}).items():
+        node = node_at(out, dotted, dotted.split("."))
+        for key, value in keywords.items():
+            if key == "x-kubernetes-validations":  # a rule the CRD has by its text is kept
+                have = {r["rule"] for r in node.get(key, [])}
+                new = [r for r in value if r["rule"] not in have]
+                node[key] = node.get(key, []) + copy.deepcopy(new)
+                rules |= {r["rule"] for r in new}
+            elif key not in node:
+                node[key] = copy.deepcopy(value)
+                constrained.append(dotted)
+    return out, tuple(added), tuple(constrained), frozenset(rules)
+
+
+def rules_in(node: Any) -> list[dict[str, Any]]:
+    """Every CEL rule in a schema fragment."""
+    if isinstance(node, list):
+        return [r for v in node for r in rules_in(v)]
+    if not isinstance(node, dict):
+        return []
+    found = list(node.get("x-kubernetes-validations", []))
+    return found + [r for k, v in node.items() if k != "x-kubernetes-validations"
+                    for r in rules_in(v)]  # fmt: skip
+
+
+def node_at(schema: dict[str, Any], dotted: str, parts: list[str]) -> dict[str, Any]:
+    """The schema node of the field at parts (the root for none); a part the derived schema
+    does not have means the overlay is stale, said naming it."""
+    node = schema
+    for part in parts:
+        node = node.get("properties", {}).get(part)
+        if node is None:
+            raise PipelineError(f"{OVERLAY}: {dotted}: the derived schema has no {part!r}")
+    return node
 
 
 @cache
@@ -72,12 +107,18 @@ def operator_schema(kind: str, folder: Path = LLMKUBE_SCHEMAS_DIR) -> OperatorSc
     name = f"{kind.lower()}.json"
     file = next(f for f in record["files"] if f["derived"] == name)
     overlay = read_json(folder / OVERLAY)
-    schema, added = apply_overlay(read_json(folder / name)["schema"], overlay["add"].get(kind, {}))
+    schema, added, constrained, rules = apply_overlay(
+        read_json(folder / name)["schema"],
+        overlay["add"].get(kind, {}),
+        overlay.get("constrain", {}).get(kind, {}),
+    )
     return OperatorSchema(
         schema=schema,
         source=f"LLMKube@{record['commit'][:8]} {Path(file['path']).name}",
         overlay_source=f"LLMKube PR #{overlay['source'].rsplit('/', 1)[-1]}",
         added=added,
+        constrained=constrained,
+        overlay_rules=rules,
     )
 
 
@@ -126,7 +167,9 @@ def validator(kind: str, folder: Path = LLMKUBE_SCHEMAS_DIR) -> Any:
 def source_of(schema: OperatorSchema, path: list[str | int]) -> str:
     """Which source a field's schema comes from: the overlay's PR or the derived CRD."""
     dotted = ".".join(str(p) for p in path if not isinstance(p, int))
-    if any(dotted == a or dotted.startswith(a + ".") for a in schema.added):
+    if dotted in schema.constrained or any(
+        dotted == a or dotted.startswith(a + ".") for a in schema.added
+    ):
         return f"{schema.overlay_source} overlay"
     return schema.source
 

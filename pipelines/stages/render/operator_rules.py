@@ -1,4 +1,4 @@
-"""Layer 2: the operator's own rules: its CRDs' CEL rules, and the admission guard of PR #1746."""
+"""Layer 2: the operator's own rules: its CRDs' CEL rules, and what it checks when it reconciles."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pipelines.stages.render.crd_schema import known_kinds, operator_schema
 from pipelines.stages.render.documents import Document
 from pipelines.stages.render.violations import violation
 
-GUARD = "layer 2 admission guard, LLMKube PR #1746"
+GUARD = "layer 2 reconcile-time rule, LLMKube PR #1746"
 ITEMS, VALUES = "[]", "{}"  # a rule path step into every list item / every map value
 
 
@@ -96,6 +96,8 @@ def evaluate(rule: CelRule, node: Any) -> str | None:
     """None when the rule holds for the node, else why not (its message, or the error)."""
     try:
         result = program(rule.rule).execute({"self": node})
+    except KeyError as err:  # a field the rule reads is absent: the API server's words
+        return f"rule could not be evaluated: no such key: {err.args[0] if err.args else err}"
     except Exception as err:  # noqa: BLE001 - the API server refuses an object whose rule errs
         return f"rule could not be evaluated: {err}"
     return None if result is True else rule.message
@@ -113,13 +115,18 @@ def check_cel(doc: Document, folder: Path = LLMKUBE_SCHEMAS_DIR) -> list[str]:
         for path, node in nodes_at(body, rule.where):
             why = evaluate(rule, node)
             if why:
-                tag = f"[layer 2 CEL rule {rule.name()}, {schema.source}]"
+                source = schema.source
+                if rule.rule in schema.overlay_rules:
+                    source = f"{schema.overlay_source} overlay"
+                tag = f"[layer 2 CEL rule {rule.name()}, {source}]"
                 found.append(violation(doc.file, path, f"{why} {tag}", node))
     return found
 
 
 def check_admission(doc: Document) -> list[str]:
-    """The operator's parallelism and multi-node guard for an InferenceService."""
+    """What the operator checks of an InferenceService when it reconciles, not at admission
+    (its CRD's CEL rules are check_cel's): the parallel sizes against the GPUs, and one
+    member per node."""
     spec = doc.body.get("spec", {})
     vllm = spec.get("vllmConfig") or {}
     product = vllm.get("tensorParallelSize", 1) * vllm.get("pipelineParallelSize", 1)
@@ -142,34 +149,7 @@ def check_admission(doc: Document) -> list[str]:
         return []
     found = []
     members = multi.get("members") or []
-    if not members or not (members[0].get("fabric") or {}).get("address"):
-        found.append(
-            violation(
-                doc.file,
-                ["spec", "multiNode", "members", 0, "fabric", "address"],
-                f"required: the rendezvous address of rank 0 [{GUARD}]",
-                None,
-            )
-        )
-    if spec.get("replicas") not in (None, 1):
-        found.append(
-            violation(
-                doc.file,
-                ["spec", "replicas"],
-                f"must be 1 or unset with multiNode [{GUARD}]",
-                spec.get("replicas"),
-            )
-        )
-    if spec.get("runtime") != "vllm":
-        found.append(
-            violation(
-                doc.file,
-                ["spec", "runtime"],
-                f"multiNode needs runtime vllm [{GUARD}]",
-                spec.get("runtime"),
-            )
-        )
-    if product != len(members) * gpus:
+    if product != len(members) * gpus:  # else the service goes Failed once reconciled
         rule = "tensorParallelSize x pipelineParallelSize must equal members x gpu"
         found.append(
             violation(
@@ -179,11 +159,25 @@ def check_admission(doc: Document) -> list[str]:
                 product,
             )
         )
+    seen: dict[str, int] = {}
+    for rank, member in enumerate(members):
+        node = member.get("node") if isinstance(member, dict) else None
+        if isinstance(node, str) and node in seen:
+            found.append(
+                violation(
+                    doc.file,
+                    ["spec", "multiNode", "members", rank, "node"],
+                    f"members[{seen[node]}] is on this node too: one member per node [{GUARD}]",
+                    node,
+                )
+            )
+        elif isinstance(node, str):
+            seen[node] = rank
     return found
 
 
 def check_operator_rules(doc: Document, folder: Path = LLMKUBE_SCHEMAS_DIR) -> list[str]:
-    """Layer 2 for one llmkube document: its CRD's CEL rules, then the admission guard."""
+    """Layer 2 for one llmkube document: its CRD's CEL rules, then the reconcile-time rules."""
     found = check_cel(doc, folder)
     if doc.body.get("kind") == "InferenceService":
         found += check_admission(doc)
