@@ -251,6 +251,10 @@ REFUSED_AT_LOAD = {
         ("rendezvous_port: 29500", "rendezvous_port: 70000"),
         "field 'fabric.rendezvous_port'",
     ),
+    "rendezvous port below the operator's 1024": (
+        ("rendezvous_port: 29500", "rendezvous_port: 1023"),
+        "field 'fabric.rendezvous_port': expected `int` >= 1024",
+    ),
     "a --quantization argument": (
         ("- --enable-auto-tool-choice", "- --quantization=exl3"),
         "field 'vllm.extra_args': --quantization must not be used",

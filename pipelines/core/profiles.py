@@ -91,7 +91,8 @@ class FabricSpec(Strict, frozen=True, kw_only=True):
     ib_hca: Annotated[list[IbDevice], Meta(min_length=1)]
     rdma_resource: ResourceName
     ib_gid_index: Annotated[int, Meta(ge=0)]
-    rendezvous_port: Annotated[int, Meta(ge=1, le=65535)] = 29500
+    # The operator's bound (LLMKube's MultiNodeSpec: 1024..65535): refused here, naming the field.
+    rendezvous_port: Annotated[int, Meta(ge=1024, le=65535)] = 29500
     mtu: Literal[1500, 9000]
     patched_nccl: bool
     # The fabric check (`doit fabric`): the transport every NCCL channel must use, and the bus
