@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 import secrets
 import signal
@@ -35,6 +36,7 @@ from pipelines.stages.bench.probes import probe_thinking, run_probes
 from pipelines.stages.bench.record import Event, RequestRecord
 from pipelines.stages.bench.report import write_results
 from pipelines.stages.bench.run import cell_line, fitted_sweep_body, gate, sweep_body
+from pipelines.stages.bench.serverview import Metrics, bucket_quantile, histogram_medians
 from pipelines.stages.bench.sse import EventBuffer, read_chunk
 from pipelines.stages.bench.timing import (
     CHUNKS,
@@ -675,3 +677,16 @@ def test_a_token_count_that_cannot_be_true_fails_the_fitting_in_one_line(told, s
             f"--prompt-tokens 64: /tokenize answered count {shown}: expected a whole number"
             " from 0 to 10000000"
         )
+
+
+def test_a_servers_median_is_read_from_its_buckets_as_prometheus_reads_a_quantile():
+    # Cumulative counts by upper bound: 4 requests up to 0.5 s, 6 more up to 1 s, none above.
+    counts = [(0.1, 0.0), (0.5, 4.0), (1.0, 10.0), (math.inf, 10.0)]
+    assert bucket_quantile(0.5, counts) == pytest.approx(0.5 + 0.5 * (5 - 4) / 6)
+    assert bucket_quantile(0.5, [(1.0, 1.0), (math.inf, 10.0)]) == 1.0  # past the last bound
+    assert bucket_quantile(0.5, [(1.0, 0.0), (math.inf, 0.0)]) is None  # nothing observed
+    before = Metrics({}, {"vllm:time_to_first_token_seconds": dict(counts)})
+    after = Metrics({}, {"vllm:time_to_first_token_seconds": {b: c * 2 for b, c in counts}})
+    medians = histogram_medians(before, after)  # the cell's own requests: after - before
+    assert medians["server_median_ttft_ms"] == pytest.approx(1000 * bucket_quantile(0.5, counts))
+    assert medians["server_median_itl_ms"] is None  # a histogram the server does not keep

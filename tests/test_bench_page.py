@@ -52,6 +52,9 @@ def test_report_html_shows_the_verdict_and_every_cell_in_a_real_browser(tmp_path
     for row in rows:  # every cell, with its figures as the CSV has them
         assert " ".join([row["cell"], row["concurrency"], "3", row["completed"], "0",
                          row["agg tok/s"], row["window tok/s"]]) in text  # fmt: skip
+        for metric in ("TTFT", "ITL"):  # the server's median (from buckets) beside the client's
+            client, server = row[f"{metric} median ms"], row[f"server {metric} median ms (buckets)"]
+            assert server != "-" and f"{client} {server}" in text
         for metric in ("TTFT", "ITL", "E2EL"):  # the server's mean beside the client's
             client, server = row[f"{metric} mean ms"], row[f"server {metric} mean ms"]
             assert server != "-" and f"{client} {server}" in text

@@ -13,6 +13,7 @@ from pipelines.stages.bench.failures import NotMeasured
 from pipelines.stages.bench.record import RequestRecord
 from pipelines.stages.bench.serverview import (
     histogram_means,
+    histogram_medians,
     not_serving,
     read_metrics,
     wait_until_idle,
@@ -140,6 +141,7 @@ def run_cell(base_url: str, spec: CellSpec, idle_timeout: float = 30.0) -> Cell:
         "client_stall_s": round(watch.worst, 3),
         **steady_state(cell.records, spec.concurrency),
         **histogram_means(before, after),
+        **histogram_medians(before, after),
     }
     return cell
 

@@ -19,11 +19,15 @@ from pipelines.stages.bench.timing import Timing, request_timing
 CELL_COLUMNS = (
     ("cell", "name"), ("concurrency", "concurrency"), ("runs", "repeats"),
     ("completed", "completed"), ("failed", "failed"), ("agg tok/s", "output_throughput"),
-    ("window tok/s", "median_window_tok_s"), ("TTFT median ms", "median_ttft_ms"),
+    ("window tok/s", "median_window_tok_s"),
+    # The server's figures from its histograms over the cell, each beside the client's of the
+    # same statistic: its means exactly, its medians estimated from its buckets.
+    ("TTFT median ms", "median_ttft_ms"),
+    ("server TTFT median ms (buckets)", "server_median_ttft_ms"),
     ("TTFT p99 ms", "p99_ttft_ms"), ("TPOT median ms", "median_tpot_ms"),
+    ("ITL median ms", "median_itl_ms"),
+    ("server ITL median ms (buckets)", "server_median_itl_ms"),
     ("ITL p99 ms", "p99_itl_ms"),
-    # The server's figures are its histograms' means over the cell: beside the client's means
-    # (a histogram of buckets holds no median to set beside the client's).
     ("TTFT mean ms", "mean_ttft_ms"), ("server TTFT mean ms", "server_mean_ttft_ms"),
     ("ITL mean ms", "mean_itl_ms"), ("server ITL mean ms", "server_mean_itl_ms"),
     ("E2EL mean ms", "mean_e2el_ms"), ("server E2EL mean ms", "server_mean_e2el_ms"),

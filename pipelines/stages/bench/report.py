@@ -14,6 +14,8 @@ COLUMNS = (
     ("agg tok/s", "output_throughput", "{:.1f}"),
     ("window tok/s (median)", "median_window_tok_s", "{:.2f}"),
     ("TTFT median ms", "median_ttft_ms", "{:.0f}"),
+    # The server's median from its histogram's buckets (as fine as they are), beside the client's.
+    ("server TTFT median ms (buckets)", "server_median_ttft_ms", "{:.0f}"),
     ("TTFT p99 ms", "p99_ttft_ms", "{:.0f}"),
     ("TPOT median ms", "median_tpot_ms", "{:.1f}"),
     ("ITL p99 ms", "p99_itl_ms", "{:.1f}"),

@@ -9,8 +9,9 @@ server's mean TTFT and inter-token latency for exactly that cell, beside the cli
 from __future__ import annotations
 
 import json
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import urllib3
@@ -33,9 +34,11 @@ HISTOGRAMS = {
 
 @dataclass(frozen=True)
 class Metrics:
-    """One scrape: every sample's value by metric name (labels summed over)."""
+    """One scrape: every sample's value by metric name (labels summed over), and each
+    histogram's cumulative bucket counts by upper bound (labels other than `le` summed over)."""
 
     values: dict[str, float]
+    buckets: dict[str, dict[float, float]] = field(default_factory=dict)
 
     def gauge(self, names: tuple[str, ...]) -> float | None:
         """The first of names the server exports, or None."""
@@ -53,13 +56,18 @@ def read_metrics(base_url: str) -> Metrics | None:
     if status != 200:
         return None
     values: dict[str, float] = {}
+    buckets: dict[str, dict[float, float]] = {}
     try:
         for family in text_string_to_metric_families(page.decode(errors="replace")):
             for sample in family.samples:
                 values[sample.name] = values.get(sample.name, 0.0) + sample.value
+                if sample.name.endswith("_bucket") and "le" in sample.labels:
+                    counts = buckets.setdefault(sample.name.removesuffix("_bucket"), {})
+                    bound = float(sample.labels["le"])  # "+Inf" reads as inf
+                    counts[bound] = counts.get(bound, 0.0) + sample.value
     except ValueError:  # not Prometheus text (a proxy's error page): no metrics to read
         return None
-    return Metrics(values)
+    return Metrics(values, buckets)
 
 
 def load_of(metrics: Metrics | None) -> tuple[float, float] | None:
@@ -142,3 +150,38 @@ def histogram_means(before: Metrics | None, after: Metrics | None) -> dict[str, 
                 means[f"server_mean_{metric}_ms"] = s / n * 1000 if n > 0 else None
                 break
     return means
+
+
+def histogram_medians(before: Metrics | None, after: Metrics | None) -> dict[str, float | None]:
+    """The server's median of each histogram over what happened between two scrapes, in ms,
+    estimated from its buckets as Prometheus's histogram_quantile does (linear within the
+    bucket the middle request fell in): as fine as the server's buckets, no finer."""
+    medians: dict[str, float | None] = {}
+    for metric, names in HISTOGRAMS.items():
+        medians[f"server_median_{metric}_ms"] = None
+        if before is None or after is None:
+            continue
+        name = next((n for n in names if n in after.buckets), None)
+        if name is None:
+            continue
+        old = before.buckets.get(name, {})
+        counts = sorted((b, c - old.get(b, 0.0)) for b, c in after.buckets[name].items())
+        median = bucket_quantile(0.5, counts)
+        medians[f"server_median_{metric}_ms"] = median * 1000 if median is not None else None
+    return medians
+
+
+def bucket_quantile(q: float, counts: list[tuple[float, float]]) -> float | None:
+    """The q-quantile of cumulative bucket counts [(upper bound, count)], sorted by bound."""
+    if not counts or counts[-1][1] <= 0:
+        return None
+    rank = q * counts[-1][1]
+    lower, below = 0.0, 0.0
+    for bound, cumulative in counts:
+        if cumulative >= rank:
+            if math.isinf(bound):  # above the highest finite bound: that bound is all we know
+                return lower
+            inside = cumulative - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside > 0 else 1.0)
+        lower, below = bound, cumulative
+    return None
