@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -165,6 +166,21 @@ def test_a_signature_that_is_not_a_bundle_is_refused_in_one_line(signed):
     assert "expected a sigstore bundle" in refusal(folder, lock, signature, trusted)
     signature.unlink()
     assert "missing; run `doit sign_weights`" in refusal(folder, lock, signature, trusted)
+
+
+def test_a_signature_that_is_a_fifo_or_a_device_is_refused_at_once_not_waited_on(signed):
+    folder, lock, signature, key = signed
+    trusted = trusted_model_keys([key.public.text], "t")
+    signature.unlink()
+    os.mkfifo(signature)  # nobody writes it: an open for reading would wait forever
+    started = time.monotonic()
+    line = refusal(folder, lock, signature, trusted)
+    assert time.monotonic() - started < 5
+    assert line == f"model signature {signature}: a FIFO, expected a regular file"
+    signature.unlink()
+    signature.symlink_to("/dev/zero")  # endless bytes: never read past the cap
+    line = refusal(folder, lock, signature, trusted)
+    assert line == f"model signature {signature}: a character device, expected a regular file"
 
 
 def test_a_tp3_staged_folder_verifies_through_its_kept_original(signed):

@@ -28,7 +28,7 @@ from model_signing._signing import signing as ms_signing
 from model_signing._signing.sign_sigstore_pb import Signature
 
 from pipelines.core.errors import PipelineError
-from pipelines.core.files import hash_file, write_atomic
+from pipelines.core.files import hash_file, read_capped, write_atomic
 from pipelines.core.modellock import Lock
 from pipelines.stages.weights.modelkeys import ModelPublicKey, ModelSigningKey
 
@@ -79,17 +79,16 @@ def sign_lock(lock: Lock, key: ModelSigningKey, path: Path) -> None:
 
 def key_hint(path: Path) -> str:
     """The hint of the key a signature names (sha256 of its PEM), read as hostile JSON."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(SIGNATURE_MAX_BYTES + 1)
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         raise ModelSignatureError(
             f"model signature {path}: missing; run `doit sign_weights` (docs/provenance.md)"
-        ) from None
-    except OSError as err:
-        raise ModelSignatureError(f"model signature {path}: cannot read ({err.strerror})") from None
-    if len(data) > SIGNATURE_MAX_BYTES:
-        raise ModelSignatureError(f"model signature {path}: larger than 1 MiB; refused unread")
+        )
+    try:
+        # Read here, as a regular file of at most 1 MiB, before the library opens it: a FIFO
+        # or a device put there is refused instead of hanging the verification.
+        data = read_capped(path, SIGNATURE_MAX_BYTES, ModelSignatureError)
+    except ModelSignatureError as err:
+        raise ModelSignatureError(f"model signature {err}") from None
     try:
         bundle = json.loads(data)
         hint = bundle["verificationMaterial"]["publicKey"]["hint"]
