@@ -22,7 +22,7 @@ from support.act import REPO, TIMEOUT_S, ActRun, Started, finish, start_act, whe
 from support.deploying import second_engine
 from support.doit import run_doit
 from support.ports import spare_ports
-from support.stack import delete_repository
+from support.registry_repos import delete_repository
 
 import devstack as local_stack
 from pipelines.core.paths import PROFILES_DIR

@@ -14,7 +14,7 @@ from pathlib import Path
 import docker.errors
 import pytest
 from support import stages
-from support.stack import delete_repository
+from support.registry_repos import delete_repository
 
 import devstack as local_stack
 from pipelines.core.errors import BadInput

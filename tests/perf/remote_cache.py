@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from support.stack import delete_repository  # noqa: E402
+from support.registry_repos import delete_repository  # noqa: E402
 
 import devstack  # noqa: E402
 from pipelines.core.signing.namedkeys import keygen  # noqa: E402

@@ -17,7 +17,7 @@ import yaml
 from support.attestations import vouch_like
 from support.doit import run_doit
 from support.ports import spare_ports
-from support.stack import delete_repository
+from support.registry_repos import delete_repository
 
 from pipelines.core.paths import PROFILES_DIR
 from pipelines.stages.images.registry import ACCEPT

@@ -176,21 +176,3 @@ def docker_client(stack):
     client = local_stack.docker_client(stack)
     yield client
     client.close()
-
-
-def delete_repository(registry: str, repository: str) -> None:
-    """Delete every manifest a repository's tags point to (the stack's registry allows it)."""
-    import requests
-
-    from pipelines.stages.images.registry import ACCEPT
-
-    base = f"http://{registry}/v2/{repository}"
-    tags = requests.get(f"{base}/tags/list", timeout=10).json().get("tags") or []
-    digests = {
-        requests.head(f"{base}/manifests/{tag}", headers={"Accept": ACCEPT}, timeout=10).headers[
-            "Docker-Content-Digest"
-        ]
-        for tag in tags
-    }
-    for digest in digests:
-        requests.delete(f"{base}/manifests/{digest}", timeout=10).raise_for_status()
