@@ -34,6 +34,9 @@ from pipelines.stages.deploy.ringstage import (
 )
 from pipelines.stages.weights.ringplan import RingNode, plan_json, plan_ring
 
+# Emulated debootstraps take minutes each on a loaded 2-core machine, and a test may wait for
+# the plain build another worker is making (support/reproducible.py): a hang is still stopped.
+pytestmark = pytest.mark.timeout(1800)
 PLATFORM, ARCH = "linux/arm64", "arm64"
 DEBS = REPO / ".cache" / "debs"
 VARIED = [

@@ -16,6 +16,9 @@ from support.reproducible import (
 )
 from support.variations import DAYS, YEARS
 
+# Emulated debootstraps take minutes each on a loaded 2-core machine, and a test may wait for
+# the plain build another worker is making (support/reproducible.py): a hang is still stopped.
+pytestmark = pytest.mark.timeout(1800)
 PLATFORM, ARCH = "linux/arm64", "arm64"
 DEBS = REPO / ".cache" / "debs"
 VARIED = [("base", "local-sim", DAYS), ("base", "weights-stager", YEARS)]

@@ -65,8 +65,8 @@ def zizmor(github: Path, *options: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_the_three_workflows_are_there():
-    assert [w.name for w in WORKFLOWS] == ["bench.yml", "build.yml", "deploy.yml"]
+def test_the_four_workflows_are_there():
+    assert [w.name for w in WORKFLOWS] == ["bench.yml", "build.yml", "deploy.yml", "operator.yml"]
 
 
 def test_every_workflow_passes_actionlint_and_its_pinning_policy():
