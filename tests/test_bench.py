@@ -36,7 +36,12 @@ from pipelines.stages.bench.probes import probe_thinking, run_probes
 from pipelines.stages.bench.record import Event, RequestRecord
 from pipelines.stages.bench.report import write_results
 from pipelines.stages.bench.run import cell_line, fitted_sweep_body, gate, sweep_body
-from pipelines.stages.bench.serverview import Metrics, bucket_quantile, histogram_medians
+from pipelines.stages.bench.serverview import (
+    Metrics,
+    bucket_quantile,
+    histogram_medians,
+    served_models,
+)
 from pipelines.stages.bench.sse import EventBuffer, read_chunk
 from pipelines.stages.bench.timing import (
     CHUNKS,
@@ -690,3 +695,9 @@ def test_a_servers_median_is_read_from_its_buckets_as_prometheus_reads_a_quantil
     medians = histogram_medians(before, after)  # the cell's own requests: after - before
     assert medians["server_median_ttft_ms"] == pytest.approx(1000 * bucket_quantile(0.5, counts))
     assert medians["server_median_itl_ms"] is None  # a histogram the server does not keep
+
+
+def test_a_model_list_with_ids_that_are_not_names_keeps_only_the_names():
+    body = {"data": [{"id": 5}, {"id": "sim"}, {"id": ["x"]}, "card", {"id": None}]}
+    assert list(served_models(body)) == ["sim"]  # sorting 5 beside "sim" raised TypeError
+    assert served_models({"data": "all"}) == served_models([1]) == {}
