@@ -14,6 +14,7 @@ from pipelines.core.errors import BadInput, PipelineError
 from pipelines.core.files import read_capped
 from pipelines.core.settings import read_settings
 from pipelines.stages.weights.modelkeys import model_signer
+from pipelines.stages.weights.stage import record_staged, staged_from, staged_record
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -115,3 +116,27 @@ def test_fifos_in_the_store_stop_no_command(tmp_path):
         f"gc refused: {deployment}: a FIFO, expected a regular file; it is newer than every"
         " record that can be read"
     ) in collected.stdout + collected.stderr
+
+
+@pytest.mark.timeout(10)  # the old read_text() of a FIFO never returned: the timeout is the red
+@pytest.mark.parametrize(
+    ("kind", "make"),
+    [
+        ("a FIFO", fifo),
+        ("a link to /dev/zero", lambda p: linked(p, "/dev/zero")),
+        ("a folder", lambda p: (p.mkdir(parents=True), p)[1]),
+        ("not JSON", lambda p: (p.write_text("[" * 100_000), p)[1]),
+        ("a number for its sha256", lambda p: (p.write_text('{"lock_sha256": 7}'), p)[1]),
+    ],
+)
+def test_a_staged_record_that_is_no_record_means_not_staged_and_never_hangs(tmp_path, kind, make):
+    folder = tmp_path / "models" / "abc"
+    folder.mkdir(parents=True)
+    make(staged_record(folder))
+    assert staged_from(folder) is None  # the no-op check says "stage again", at once
+    if kind == "a folder":  # staging cannot write its record there: one line
+        with pytest.raises(PipelineError, match=r"\.staged\.json: cannot record the staged lock"):
+            record_staged(folder, "a" * 64)
+    else:  # staging writes the record anew, over whatever was there
+        record_staged(folder, "a" * 64)
+        assert staged_from(folder) == "a" * 64

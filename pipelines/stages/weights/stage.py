@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pipelines.core.errors import PipelineError
-from pipelines.core.files import fsync_dir, write_atomic
+from pipelines.core.files import fsync_dir, read_capped, write_atomic
 from pipelines.core.modellock import FILE_NAME_PATTERN, SHA256_PATTERN, Lock
 from pipelines.stages.weights.blobs import BlobStore
 
@@ -78,18 +78,31 @@ def temp_name() -> str:
 
 
 def record_staged(folder: Path, lock_sha256: str) -> None:
-    """Say, atomically, which lock the folder now holds."""
+    """Say, atomically, which lock the folder now holds (replacing whatever was there)."""
     record = {"lock_sha256": lock_sha256}
-    write_atomic(staged_record(folder), (json.dumps(record, sort_keys=True) + "\n").encode())
+    path = staged_record(folder)
+    try:
+        write_atomic(path, (json.dumps(record, sort_keys=True) + "\n").encode())
+    except OSError as err:  # a folder put where the record goes: one line, not a traceback
+        raise PipelineError(f"{path}: cannot record the staged lock: {err.strerror}") from None
+
+
+# A record is one sha256 in JSON: anything longer is not one.
+RECORD_MAX_BYTES = 4096
 
 
 def staged_from(folder: Path) -> str | None:
-    """The sha256 of the lock the folder was last staged from, if recorded."""
-    try:
-        lock_sha256: str = json.loads(staged_record(folder).read_text())["lock_sha256"]
-        return lock_sha256
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
+    """The sha256 of the lock the folder was last staged from, if recorded; None when there is
+    no record or it is no small regular file of that shape (a FIFO or a device there is not
+    waited on): the folder is then staged again, which writes the record anew."""
+    path = staged_record(folder)
+    if not os.path.lexists(path):
         return None
+    try:
+        lock_sha256 = json.loads(read_capped(path, RECORD_MAX_BYTES, PipelineError))["lock_sha256"]
+    except (PipelineError, ValueError, RecursionError, KeyError, TypeError):
+        return None
+    return lock_sha256 if isinstance(lock_sha256, str) else None
 
 
 def is_staged(folder: Path, plan: dict[str, str], blobs: BlobStore) -> bool:
