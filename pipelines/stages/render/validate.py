@@ -2,7 +2,8 @@
 path, rule, value.
 
 1. llmkube kinds against the schemas derived from the operator's CRDs (crd_schema.py);
-2. the operator's own rules: its CEL rules and what it checks when it reconciles (operator_rules.py);
+2. the operator's own rules: its CEL rules and what it checks when it reconciles
+   (operator_rules.py);
 3. policy, ours: the ring's rules below, caches on volumes (cache_mounts.py), no secrets;
 4. core kinds against Kubernetes' own schemas (kubernetes-validate).
 """
