@@ -58,7 +58,8 @@ def test_report_html_shows_the_verdict_and_every_cell_in_a_real_browser(tmp_path
         for metric in ("TTFT", "ITL", "E2EL"):  # the server's mean beside the client's
             client, server = row[f"{metric} mean ms"], row[f"server {metric} mean ms"]
             assert server != "-" and f"{client} {server}" in text
-            assert float(server) == pytest.approx(float(client), rel=0.1)
+            # Within 10%, or the 0.1 ms the page rounds each to (the simulator's ITL: 0.3 ms)
+            assert float(server) == pytest.approx(float(client), rel=0.1, abs=0.11)
     (row,) = saved["gate"]
     low, high = row["interval"]
     assert (
