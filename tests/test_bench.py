@@ -611,7 +611,7 @@ def test_prompts_are_sent_at_exactly_the_length_asked_by_the_servers_own_usage(s
 
 
 @pytest.mark.stack  # a simulator and a command stopped for seconds: not the fast lane
-def test_a_client_that_stalled_mid_cell_says_so_and_is_not_measured(sims, tmp_path):
+def test_a_client_that_stalled_mid_cell_says_so_and_is_not_measured(sims):
     sim = sims(SIM_TTFT_S="0.01", SIM_DECODE_TOK_S="20")  # one request: about 3 s of decode
     asked = ["--max-tokens", "60", "--requests", "1", "--warmup", "0"]
     command = [sys.executable, "-m", "pipelines.stages.bench", "cell", "--url", sim.url]

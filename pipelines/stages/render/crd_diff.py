@@ -6,16 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-# Keywords of a node compared as values (the nested ones are walked instead).
-COMPARED = (
-    "type", "format", "enum", "default", "nullable", "pattern",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "minLength", "maxLength", "minItems", "maxItems", "uniqueItems",
-    "minProperties", "maxProperties",
-    "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields",
-    "x-kubernetes-embedded-resource", "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
-    "anyOf", "allOf", "oneOf", "not",
-)  # fmt: skip
+from pipelines.stages.render.crds import KEEP
+
+# Keywords of a node compared as values: what the deriver keeps, less the nested ones (walked
+# instead) and `required` (compared name by name), plus the combinators (compared whole).
+COMPARED = (*sorted(KEEP - {"required"}), "anyOf", "allOf", "oneOf", "not")
 
 
 def shown(value: Any) -> str:
