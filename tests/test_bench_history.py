@@ -85,18 +85,26 @@ def test_five_deployments_of_local_are_plotted_and_two_runs_compared(tmp_path):
     if keep := os.environ.get("BENCH_HISTORY_PLOT"):
         shutil.copyfile(area / "history.png", keep)
 
-    compared = command(tmp_path, "pipelines.stages.bench", "compare", str(runs[1]), str(runs[2]))
+    # The reference: a full-speed run the gate passed (one that a busy moment slowed is
+    # inconclusive, its median anywhere in a wide interval; CI once saw 2533 [1598..3000]).
+    ref = next((n for n in (1, 0, 3, 4) if verdicts[n] == "passed"), 1)
+    compared = command(tmp_path, "pipelines.stages.bench", "compare", str(runs[ref]), str(runs[2]))
     assert compared.returncode == 0, compared.stderr
     first = compared.stdout.splitlines()[0]
-    assert first == f"{runs[1]} ({verdicts[1]}) -> {runs[2]} (failed)"
+    assert first == f"{runs[ref]} ({verdicts[ref]}) -> {runs[2]} (failed)"
     lines = compared.stdout.splitlines()
     window = next(x for x in lines if x.startswith("c1.median_window_tok_s: "))
-    # The simulator 20% slower, measured on a busy machine (CI's two cores: -21.0% seen once;
-    # a loaded run's interval may reach the other's: apart or overlapping, the change stands).
-    found = re.search(r" ([+-][0-9.]+)% \(intervals (apart|overlap)\)$", window)
+    found = re.search(
+        r": ([0-9.]+) \[[0-9.]+\] -> ([0-9.]+) \[[0-9.]+\] ([+-][0-9.]+)% "
+        r"\(intervals (apart|overlap)\)$",
+        window,
+    )
     assert found, window
-    assert -25 < float(found.group(1)) < -15, window
-    assert f"gate decode.c1.median_window_tok_s: {verdicts[1]} -> regressed" in lines
+    before, after, change = float(found[1]), float(found[2]), float(found[3])
+    assert abs(change - 100 * (after - before) / before) < 0.15, window  # the change it prints
+    if verdicts[ref] == "passed":  # the simulator 20% slower, against a run the gate trusted
+        assert -40 < change < -15, window  # a busy moment only slows the slow run further
+    assert f"gate decode.c1.median_window_tok_s: {verdicts[ref]} -> regressed" in lines
 
     missing = command(
         tmp_path, "pipelines.stages.bench", "compare", str(runs[0]), str(area / "nope")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pipelines.stages.render.crds import KEEP
+from pipelines.stages.render.crd_keywords import KEEP
 
 # Keywords of a node compared as values: what the deriver keeps, less the nested ones (walked
 # instead) and `required` (compared name by name), plus the combinators (compared whole).

@@ -22,6 +22,8 @@ import yaml
 from pipelines.core.errors import BadInput, run_main
 from pipelines.core.paths import LLMKUBE_SCHEMAS_DIR
 from pipelines.core.progress import say, show
+from pipelines.stages.render.crd_diff import schema_changes
+from pipelines.stages.render.crd_keywords import DROP, KEEP, NESTED
 from pipelines.stages.render.crd_schema import check_crd_schema
 from pipelines.stages.render.documents import Document
 from pipelines.stages.render.operator_rules import check_operator_rules
@@ -37,18 +39,6 @@ SOURCES = (
     ),
 )
 SOURCE_RECORD = "source.json"
-# What a check can use: structure, types, bounds, defaults and the CEL rules.
-KEEP = {
-    "type", "format", "enum", "default", "nullable", "pattern",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "minLength", "maxLength", "minItems", "maxItems", "uniqueItems",
-    "minProperties", "maxProperties", "required",
-    "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields",
-    "x-kubernetes-embedded-resource", "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
-}  # fmt: skip
-NESTED = {"properties", "items", "additionalProperties", "anyOf", "allOf", "oneOf", "not"}
-# Prose and server-side-apply hints: nothing a validator reads.
-DROP = {"description", "example", "externalDocs", "title", "x-kubernetes-map-type"}
 RULE_KEYS = ("rule", "message", "messageExpression", "fieldPath", "reason")
 # Where the operator keeps documents of its own kinds that it ships as working examples.
 SAMPLE_FOLDERS = ("config/samples", "examples")
@@ -246,8 +236,6 @@ def drift(
 ) -> list[str]:
     """Each CRD that moved between the recorded commit and head: what changed in its derived
     schema into findings, one problem line per CRD returned."""
-    from pipelines.stages.render.crd_diff import schema_changes
-
     problems = []
     for f in record.files:
         try:
