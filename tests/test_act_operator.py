@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 import yaml
-from support.act import REPO, run_act, wheelhouse
+from support.act import REPO, run_act, uv_settings, wheelhouse
 from support.operator_repo import git, operator_repo
 
 from pipelines.stages.render.crds import derive
@@ -51,6 +51,7 @@ def test_the_weekly_operator_check_fails_with_what_moved_in_the_operators_crds(t
         env={
             "PIP_NO_INDEX": "1",
             "PIP_FIND_LINKS": str(wheelhouse()),
+            **uv_settings(),
             **{k: v for k, v in os.environ.items() if k == "PIP_CACHE_DIR"},
             "LANG": "C.UTF-8",
         },

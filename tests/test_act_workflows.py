@@ -18,7 +18,16 @@ import docker
 import pytest
 import requests
 import yaml
-from support.act import REPO, TIMEOUT_S, ActRun, Started, finish, start_act, wheelhouse
+from support.act import (
+    REPO,
+    TIMEOUT_S,
+    ActRun,
+    Started,
+    finish,
+    start_act,
+    uv_settings,
+    wheelhouse,
+)
 from support.deploying import second_engine
 from support.doit import run_doit
 from support.ports import spare_ports
@@ -88,6 +97,7 @@ def lab(stack, tmp_path_factory, docker_client):
             # index (the hashes are checked all the same).
             "PIP_NO_INDEX": "1",
             "PIP_FIND_LINKS": str(wheelhouse()),
+            **uv_settings(),
             "LANG": "C.UTF-8",
         }
     )

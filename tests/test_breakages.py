@@ -81,11 +81,13 @@ def test_stat_cache_sees_a_same_size_rewrite_that_keeps_the_mtime(tmp_path, monk
         assert cache.digest_file(path) == hashlib.sha256(new).hexdigest(), f"iteration {i}"
 
 
+@pytest.mark.parametrize("given", [True, False], ids=["clock-given", "cache-folder-as-clock"])
 @pytest.mark.parametrize("clock", ["kernel", "coarse"])
 def test_stat_cache_with_a_clock_folder_sees_a_rewrite_yet_waits_less_than_racy_ns(
-    tmp_path, monkeypatch, clock
+    tmp_path, monkeypatch, clock, given
 ):
-    """With a clock folder (the blob store's), recording waits for the filesystem's own stamps.
+    """With a clock folder (the blob store's, or the cache's own when the files share its
+    filesystem), recording waits for the filesystem's own stamps.
 
     Same rewrite as above, right after recording: the entry must not answer for the new bytes.
     RACY_NS is made 1 s so that the fixed wait would stand out: 20 records take under one.
@@ -99,7 +101,8 @@ def test_stat_cache_with_a_clock_folder_sees_a_rewrite_yet_waits_less_than_racy_
         path = tmp_path / f"file-{i}.bin"
         path.write_bytes(b"old %03d" % i)
         key = statcache.stat_key(statcache.os.stat(path))
-        cache.record([(path, key, hashlib.sha256(b"old %03d" % i).hexdigest())], clock=tmp_path)
+        sha = hashlib.sha256(b"old %03d" % i).hexdigest()
+        cache.record([(path, key, sha)], clock=tmp_path if given else None)
         st = os.stat(path)
         new = b"new %03d" % i
         path.write_bytes(new)
@@ -134,6 +137,8 @@ def test_stat_cache_records_a_digest_only_once_the_files_ctime_is_racy_ns_old(
     st = os.stat(path)
     sha = hashlib.sha256(b"f").hexdigest()
     cache = statcache.StatCache(tmp_path / "c.sqlite3")
+    # The cache kept on another filesystem than the file: its folder's stamps are no clock for it.
+    monkeypatch.setattr(cache, "_db_device", lambda: os.stat(path).st_dev + 1)
     for age_ns, waited in (
         (10_000_000, [0.04]),  # 10 ms old: waits the other 40 ms
         (statcache.RACY_NS - 1, [1e-9]),  # one ns short: waits that ns

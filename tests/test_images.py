@@ -460,3 +460,17 @@ def test_a_platform_argument_other_than_amd64_or_arm64_is_refused_in_one_line(tm
         BadInput, match=r"platform='linux/s390x': expected linux/amd64 or linux/arm64"
     ):
         Images(stages.context(load_profile("local"), engine, platform="linux/s390x"))
+
+
+def test_debootstrap_runs_dpkg_without_fsyncs_and_with_every_default_dpkg_keeps():
+    """DPKG_FORCE replaces dpkg's built-in force defaults: the base's environment names each of
+    them, as this machine's dpkg lists them ([*] in --force-help), and unsafe-io besides."""
+    import subprocess
+
+    from pipelines.stages.images.base import build_environment
+
+    listed = subprocess.run(["dpkg", "--force-help"], capture_output=True, text=True).stdout
+    defaults = set(re.findall(r"^\s*\[\*\]\s+(\S+)", listed, re.MULTILINE))
+    assert defaults, listed  # the help's form moved: read it again
+    forced = set(build_environment({}, 0)["DPKG_FORCE"].split(","))
+    assert defaults | {"unsafe-io"} == forced

@@ -81,6 +81,13 @@ class StatCache:
         db_now: sqlite3.Connection = self._local.db
         return db_now
 
+    def _db_device(self) -> int | None:
+        """The device of the cache's folder (None if it cannot be read)."""
+        try:
+            return os.stat(self.db_path.parent).st_dev
+        except OSError:
+            return None
+
     def lookup(self, path: Path, st: os.stat_result) -> str | None:
         """The cached digest for path if its stat fields are unchanged, else None."""
         row = (
@@ -109,6 +116,8 @@ class StatCache:
         if not entries:
             return
         newest_ctime = max(key[4] for _, key, _ in entries)
+        if clock is None and {key[0] for _, key, _ in entries} == {self._db_device()}:
+            clock = self.db_path.parent  # the files' own filesystem: its stamps are their clock
         if clock is not None:
             try:
                 later = stamps_later_than(clock / ".statcache-clock", newest_ctime)

@@ -109,6 +109,16 @@ def wheelhouse() -> Path:
     return folder
 
 
+def uv_settings() -> dict[str, str]:
+    """A job's uv (scripts/venv) as the lab runner sets it: the wheelhouse, no index, and one
+    cache for every job and run (uv locks it), so each venv links wheels unpacked once."""
+    return {
+        "UV_NO_INDEX": "1",
+        "UV_FIND_LINKS": str(wheelhouse()),
+        "UV_CACHE_DIR": str(REPO / ".cache" / "uv"),
+    }
+
+
 def dotenv(values: dict[str, str]) -> str:
     """KEY="value" lines act's --secret-file and --var-file read (multi-line values escaped)."""
     return "".join(f"{name}={json.dumps(value)}\n" for name, value in values.items())

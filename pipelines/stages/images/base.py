@@ -55,11 +55,19 @@ PRUNE = (
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+# dpkg's own defaults (security-mac, downgrade: DPKG_FORCE replaces them) and unsafe-io: no
+# fsync per unpacked file. A rootfs half-written by a crash is thrown away, never used, so
+# durability buys nothing; the fsyncs were half the wall time of an emulated arm64 build
+# (343 s -> 180 s, one digest either way).
+DPKG_FORCE = "security-mac,downgrade,unsafe-io"
+
+
 def build_environment(environ: dict[str, str], epoch: int) -> dict[str, str]:
     """The environment debootstrap runs in: the caller's, dated epoch (the maintainer scripts
-    inherit it through chroot). Locale and umask need no pin: debootstrap sets LANG=C and umask
-    022 itself, and tests/test_reproducible.py varies both (TZ too) to hold it so."""
-    return {**environ, "SOURCE_DATE_EPOCH": str(epoch)}
+    inherit it through chroot), dpkg told to skip its fsyncs. Locale and umask need no pin:
+    debootstrap sets LANG=C and umask 022 itself, and tests/test_reproducible.py varies both
+    (TZ too) to hold it so."""
+    return {**environ, "SOURCE_DATE_EPOCH": str(epoch), "DPKG_FORCE": DPKG_FORCE}
 
 
 def debootstrap(
