@@ -110,13 +110,18 @@ def wheelhouse() -> Path:
 
 
 def uv_settings() -> dict[str, str]:
-    """A job's uv (scripts/venv) as the lab runner sets it: the wheelhouse, no index, and one
-    cache for every job and run (uv locks it), so each venv links wheels unpacked once."""
-    return {
-        "UV_NO_INDEX": "1",
-        "UV_FIND_LINKS": str(wheelhouse()),
-        "UV_CACHE_DIR": str(REPO / ".cache" / "uv"),
-    }
+    """A job's uv (scripts/venv) as the lab runner sets it: a config file naming the wheelhouse
+    and no index (`uv pip` reads no-index there, not from UV_NO_INDEX), and one cache for every
+    job and run (uv locks it), so each venv links wheels unpacked once."""
+    import os
+
+    wheels = wheelhouse()
+    config = wheels.with_name(wheels.name + ".uv.toml")
+    if not config.exists():  # the same text from any worker: the last rename wins, unharmed
+        partial = config.with_name(f"{config.name}.{os.getpid()}")
+        partial.write_text(f"[pip]\nno-index = true\nfind-links = [{json.dumps(str(wheels))}]\n")
+        partial.rename(config)
+    return {"UV_CONFIG_FILE": str(config), "UV_CACHE_DIR": str(REPO / ".cache" / "uv")}
 
 
 def dotenv(values: dict[str, str]) -> str:
