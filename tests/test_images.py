@@ -474,3 +474,32 @@ def test_debootstrap_runs_dpkg_without_fsyncs_and_with_every_default_dpkg_keeps(
     assert defaults, listed  # the help's form moved: read it again
     forced = set(build_environment({}, 0)["DPKG_FORCE"].split(","))
     assert defaults | {"unsafe-io"} == forced
+
+
+def test_the_base_key_moves_with_the_date_its_build_is_given_not_with_its_description(
+    tmp_path, monkeypatch
+):
+    """debootstrap runs dated the image's source_date_epoch (shadow's days, .pyc stamps, the
+    layer's mtimes): two epochs are two bases, so two keys; a description is no input."""
+    import msgspec
+
+    from pipelines.stages.images import tasks as image_tasks
+    from pipelines.stages.images.spec import ImageDir
+
+    real = image_tasks.load_image
+
+    def base_key(**changes: object) -> str:
+        def changed(name: str) -> ImageDir:
+            image = real(name)
+            return ImageDir(image.path, msgspec.structs.replace(image.spec, **changes))
+
+        monkeypatch.setattr(image_tasks, "load_image", changed)
+        engine = Engine(Store(tmp_path / "store"))
+        images = Images(stages.context(load_profile("local"), engine))
+        assert images.base_step is not None  # local-sim's base is made here
+        return engine.key(images.base_step)
+
+    key = base_key()
+    epoch = load_image("local-sim").spec.source_date_epoch
+    assert base_key(description="the same base, described otherwise") == key
+    assert base_key(source_date_epoch=epoch + 86_400) != key

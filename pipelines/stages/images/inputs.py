@@ -99,10 +99,11 @@ def debian_arch() -> str:
     ).stdout.strip()
 
 
-def base_params(spec: LocalBase, arch: str) -> dict[str, Any]:
+def base_params(spec: LocalBase, arch: str, epoch: int) -> dict[str, Any]:
     """The keyed parameters of a local base: suite, variant, packages, mirror, architecture,
-    and what writes its layer."""
-    return {**as_data(spec), "arch": arch, "layers": layer_format()}
+    the date its build is given (SOURCE_DATE_EPOCH: shadow's days, .pyc stamps and the layer's
+    mtimes are that day's) and what writes its layer."""
+    return {**as_data(spec), "arch": arch, "source_date_epoch": epoch, "layers": layer_format()}
 
 
 def base_repository(spec: LocalBase) -> str:

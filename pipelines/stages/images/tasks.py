@@ -155,7 +155,7 @@ class Images:
             version=BASE_RECIPE_VERSION,
             doc="debootstrap the local Debian base from its lock's .debs, push it under its key",
             action=debootstrap_base,
-            params=lambda: base_params(local, self.arch),
+            params=lambda: base_params(local, self.arch, self.image.spec.source_date_epoch),
             inputs={"debian_lock": lock},
             cache=RegistryCache(self.registry, repository),
         )
