@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from kube_state import (
@@ -34,6 +33,7 @@ from kube_state import (
     service_status,
     status,
 )
+from support import http_double
 
 __all__ = ["LLMKUBE", "KubeDouble", "KubeServer", "b64", "job_status", "service_status"]
 
@@ -184,12 +184,9 @@ class KubeServer:
     def __init__(self, double: KubeDouble):
         handler = type("BoundHandler", (Handler,), {"double": double})
         self.double = double
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd = http_double.QuietHTTPServer(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        # A short poll: shutdown() waits for the loop's next turn (0.5 s by default, per test).
-        serve = {"poll_interval": 0.02}
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs=serve, daemon=True)
-        self.thread.start()
+        self.thread = http_double.start(self.httpd)
 
     def kubeconfig(self, token: str = TOKEN) -> dict[str, Any]:
         """A kubeconfig naming this server, with a bearer token."""

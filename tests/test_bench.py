@@ -14,12 +14,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from types import SimpleNamespace
 
 import pytest
 import requests
 from sim_server import Sim, make_model
+from support import http_double
 from support.ports import spare_ports
 from support.signals import default_signals
 
@@ -234,10 +235,8 @@ class FaultServer(BaseHTTPRequestHandler):
 
 def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     """A server of handler on a free loopback port, its URL, for as long as the test runs."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with http_double.serving(handler) as url:
+        yield url
 
 
 @pytest.fixture

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import http.server
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import http_double
 
 from pipelines.stages.bench.client import stream_chat, take_chunk
 from pipelines.stages.bench.probes import (
@@ -82,12 +82,8 @@ class Replay(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def vllm() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Replay)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with http_double.serving(Replay) as url:
+        yield url
 
 
 def test_a_real_reasoning_stream_is_timed_by_its_continuous_usage(vllm):

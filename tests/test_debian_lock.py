@@ -9,14 +9,13 @@ import hashlib
 import lzma
 import shutil
 import subprocess
-import threading
 from collections.abc import Iterator
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
 
 import msgspec
 import pytest
-from support import stages
+from support import http_double, stages
 
 from pipelines.core.profiles import load_profile
 from pipelines.engine.steps import Engine
@@ -111,11 +110,8 @@ def mirror(tmp_path) -> Iterator[tuple[str, Path]]:
         shutil.copyfile(deb, target)
     index_mirror(root, debian_arch())
     handler = functools.partial(QuietHandler, directory=str(root))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", root
-    server.shutdown()
-    server.server_close()
+    with http_double.serving(handler) as url:
+        yield url, root
 
 
 def bump(root: Path, name: str, suffix: str, in_place: bool) -> tuple[str, str]:

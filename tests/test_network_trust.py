@@ -37,6 +37,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from support import http_double
 from support.registry_server import start_registry
 
 from pipelines.core.errors import BadInput, DeployUnreachable
@@ -89,15 +90,14 @@ def test_a_registry_host_that_is_more_than_host_port_is_refused(host):
 # --- a real registry that names a token realm, or sends an upload elsewhere -------------------
 
 
-class Recorder(http.server.ThreadingHTTPServer):
+class Recorder(http_double.QuietHTTPServer):
     """An HTTP server on every address of this machine that records each request's method, path
     and headers; answers: a token (GET), a Basic challenge (PUT, PATCH), 404 otherwise."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, dict[str, str]]] = []
         super().__init__(("0.0.0.0", 0), RecordingHandler)
-        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
-        self.thread.start()
+        self.thread = http_double.start(self)
 
     @property
     def port(self) -> int:

@@ -203,6 +203,51 @@ def test_each_violation_names_document_path_rule_and_value():
     assert line.startswith(f"{job.file}: spec.template.spec.containers.0: Additional properties")
 
 
+def core_cases() -> list[Document]:
+    """Every core-kind document tp3-ring renders, and each with a field wrong: an unknown one
+    at the top and in its spec, a name that is a number."""
+    cases = []
+    for doc in tp3_docs():
+        if doc.body.get("apiVersion") == "inference.llmkube.dev/v1alpha1":
+            continue
+        cases.append(doc)
+        changes = [{"bogus": 1}, {"metadata": {**doc.body["metadata"], "name": 7}}]
+        if isinstance(doc.body.get("spec"), dict):
+            changes.append({"spec": {**doc.body["spec"], "bogusField": [None]}})
+        cases += [Document(doc.file, {**copy.deepcopy(doc.body), **c}) for c in changes]
+    return cases
+
+
+def test_core_kinds_get_exactly_what_kubernetes_validate_itself_says():
+    import kubernetes_validate
+
+    for doc in core_cases():
+        try:
+            kubernetes_validate.validate(doc.body, "1.33", strict=True)
+            expected = []
+        except kubernetes_validate.ValidationError as err:
+            expected = [violation(doc.file, err.absolute_path, err.message, err.instance)]
+        assert check_schema(doc) == expected
+
+
+def test_a_core_kinds_schema_is_read_once_per_process_not_once_per_document(monkeypatch):
+    from kubernetes_validate import utils
+
+    from pipelines.stages.render import core_schema
+
+    reads = []
+    real = utils.schema_contents
+    monkeypatch.setattr(utils, "schema_contents", lambda n, v: reads.append(n) or real(n, v))
+    for cached in (core_schema.schema_folder, core_schema.definitions, core_schema.core_validator):
+        cached.cache_clear()
+    cases = core_cases()
+    for doc in cases * 3:
+        check_schema(doc)
+    kinds = {(d.body["apiVersion"], d.body["kind"]) for d in cases}
+    assert len(cases) * 3 > 2 * len(kinds) + 1
+    assert sorted(reads) == sorted({*reads}) and len(reads) == len(kinds) + 1
+
+
 def test_rendering_twice_is_byte_identical_and_one_change_touches_only_its_documents(tmp_path):
     profile = load_profile("tp3-ring")
     outputs = []
@@ -590,6 +635,17 @@ def test_a_patch_job_before_the_model_is_refused_by_the_apply_order_rule():
         "40-job-dsv41-flash-tp3-patch-0.yaml: metadata.name: the tp3-patch Job must come after"
         " the Model (the staged files) and before the InferenceService"
         " (found 'dsv41-flash-tp3-patch-0')"
+    ]
+
+
+@pytest.mark.parametrize(
+    "secret", ["pässwörd-123", "tab\there", "a" * 1200 + " b" * 600], ids=["accents", "tab", "long"]
+)
+def test_a_secret_the_yaml_text_would_escape_or_fold_is_still_found(secret):
+    docs = tp3_with({"env": [{"name": "LEAKED", "value": secret}]})
+    found = validate_documents(docs, secrets=[secret])
+    assert [line for line in found if "secret" in line] == [
+        f"{SERVICE}: (document): contains a secret value from the environment (found '<redacted>')"
     ]
 
 

@@ -7,12 +7,12 @@ import hashlib
 import http.server
 import os
 import socket
-import threading
 import time
 
 import boto3
 import botocore.config
 import pytest
+from support import http_double
 from support.cutting_proxy import CuttingProxy
 from support.model_bucket import fetch, fresh_source
 
@@ -178,8 +178,8 @@ def test_an_endpoint_that_ignores_range_fails_in_one_line_and_nothing_is_locked_
 ):
     data = os.urandom(3 << 20)
     handler = type("Handler", (WholeBody,), {"body": data})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = http_double.QuietHTTPServer(("127.0.0.1", 0), handler)
+    http_double.start(server)
     try:
         client = client_for(f"http://127.0.0.1:{server.server_port}")
         url = S3Url.parse("s3://models/ignores-range/m")

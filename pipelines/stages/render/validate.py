@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from pipelines.stages.render.cache_mounts import check_cache_mounts
+from pipelines.stages.render.core_schema import check_core_schema
 from pipelines.stages.render.crd_schema import check_crd_schema
 from pipelines.stages.render.documents import LLMKUBE, Document
 from pipelines.stages.render.operator_rules import check_operator_rules
@@ -22,7 +23,6 @@ from pipelines.stages.render.violations import violation
 
 __all__ = ["check_operator_rules", "violation"]  # re-exported: callers check one layer alone
 
-K8S_VERSION = "1.33"
 ROCE_DEVICES = ("rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1")
 ATTENTION_HEADS = 64  # DeepSeek-V4.1-Flash; a TP that does not divide it needs the padded config
 TP3_MIN_GPU_MEMORY = 0.78  # measured floor that leaves a KV pool at TP3 (0.72 goes negative)
@@ -33,13 +33,7 @@ def check_schema(doc: Document) -> list[str]:
     """Layer 1 for llmkube kinds, layer 4 for core kinds; unknown fields are errors in both."""
     if doc.body.get("apiVersion") == LLMKUBE:
         return check_crd_schema(doc)
-    import kubernetes_validate  # loaded when something is rendered, not for a no-op run
-
-    try:
-        kubernetes_validate.validate(doc.body, K8S_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as err:
-        return [violation(doc.file, err.absolute_path, err.message, err.instance)]
-    return []
+    return check_core_schema(doc)
 
 
 def env_of(spec: dict[str, Any]) -> dict[str, str]:
@@ -147,18 +141,30 @@ def images_in(
             yield from images_in(value, (*path, i))
 
 
+def scalars_in(body: Any) -> Iterable[str]:
+    """Every key and scalar value of a document as text, nested ones included."""
+    if isinstance(body, dict):
+        for key, value in body.items():
+            yield str(key)
+            yield from scalars_in(value)
+    elif isinstance(body, list):
+        for value in body:
+            yield from scalars_in(value)
+    elif body is not None:
+        yield str(body)
+
+
 def check_secrets(docs: list[Document], secrets: list[str]) -> list[str]:
-    """No secret value anywhere in any document (Secrets are referenced by name only)."""
+    """No secret value anywhere in any document (Secrets are referenced by name only). The
+    values are searched, not the YAML text, where escapes and folded lines would hide one."""
     found = []
     for doc in docs:
-        text = doc.text()
-        for secret in secrets:
-            if secret in text:
-                found.append(
-                    violation(
-                        doc.file, [], "contains a secret value from the environment", "<redacted>"
-                    )
+        if any(secret in text for text in scalars_in(doc.body) for secret in secrets if secret):
+            found.append(
+                violation(
+                    doc.file, [], "contains a secret value from the environment", "<redacted>"
                 )
+            )
     return found
 
 
