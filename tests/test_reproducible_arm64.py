@@ -129,3 +129,20 @@ def test_the_arm64_stager_stages_a_small_model_from_s3_in_an_arm64_container(
         files = len(lock.files)
         print(f"\narm64 stager under emulation: {files} files, {size} bytes, {took:.1f} s")
         print(log.strip())
+
+
+def test_the_stager_verifies_tls_with_the_bundle_of_its_wheels_not_a_system_store(
+    arm64_stager, docker_client
+):
+    # The base has no ca-certificates (images/weights-stager/image.yaml): botocore must find
+    # certifi's bundle, or every https S3 endpoint would fail to verify on a Spark.
+    probe = (
+        "import os, botocore.httpsession as h; p = h.get_cert_path(True);"
+        " print(p, os.path.getsize(p), os.path.exists('/etc/ssl/certs/ca-certificates.crt'))"
+    )
+    out = docker_client.containers.run(
+        arm64_stager, entrypoint=["python3", "-c", probe], remove=True
+    ).decode()
+    path, size, system_store = out.split()
+    assert path == "/opt/sparkforge/lib/certifi/cacert.pem" and int(size) > 100_000, out
+    assert system_store == "False", out
