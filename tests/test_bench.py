@@ -114,8 +114,12 @@ def test_ttft_window_and_aggregate_are_within_2_percent_of_the_truth(sims, concu
     # The role-only chunk arrives at admission, long before the first token: not counted.
     first = cell.records[0].events[0]
     assert not first.carries and first.t < ttft / 2
-    # The server's own histograms, read around the cell, agree with the client.
+    # The server's own histograms, read around the cell, agree with the client. Its ITL is
+    # per chunk, the client's per token: they agree where a chunk is one token.
     assert s["server_mean_ttft_ms"] == pytest.approx(s["mean_ttft_ms"], rel=0.03)
+    assert s["server_mean_e2el_ms"] == pytest.approx(s["mean_e2el_ms"], rel=0.03)
+    if per_chunk == 1:
+        assert s["server_mean_itl_ms"] == pytest.approx(s["mean_itl_ms"], rel=0.05, abs=0.1)
 
 
 def test_a_multi_token_chunk_counts_as_its_tokens():
