@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 # Uploads: a blob goes in chunks of this size, each resumable where the registry says it stands;
 # a GB10 layer is gigabytes, and one cut connection must not start it again from zero.
 UPLOAD_CHUNK = 32 << 20
-UPLOAD_RESUMES = 5  # cut connections and dropped sessions one blob survives
+UPLOAD_RESUMES = 5  # cut connections one blob survives
 # An upload session the registry no longer knows (404 BLOB_UPLOAD_UNKNOWN/INVALID) or whose
 # size is not the offset sent (416).
 GIVEN_UP = (404, 416)
@@ -217,8 +217,8 @@ class Registry:
         if self.has_blob(repo, digest):
             return False
         location = self._start_upload(repo)
-        size, offset, sent = path.stat().st_size, 0, 0
-        cuts = dropped = 0  # connections cut; sessions the registry gave up (then from byte 0)
+        size, offset, sent, resumes = path.stat().st_size, 0, 0, 0
+        cuts = restarts = 0  # connections cut; new sessions from byte 0 (the old one lost)
         with open(path, "rb") as data:
             while offset < size:
                 data.seek(offset)
@@ -228,16 +228,19 @@ class Registry:
                 try:
                     r = self._call("PATCH", location, body=chunk, headers=headers)
                 except ImageUnreachable:
+                    resumes += 1
                     cuts += 1
-                    if cuts + dropped > UPLOAD_RESUMES:
+                    if resumes > UPLOAD_RESUMES:
                         raise
                     sent += len(chunk)
                     location, offset = self._resume(repo, location)
+                    restarts += offset == 0
                     continue
-                if r.status in GIVEN_UP and offset and cuts + dropped < UPLOAD_RESUMES:
+                if r.status in GIVEN_UP and offset and resumes < UPLOAD_RESUMES:
                     # The session ended under us: after a cut, the registry can answer where
                     # it stands before it has failed the cut chunk and dropped the session.
-                    dropped += 1
+                    resumes += 1
+                    restarts += 1
                     sent += len(chunk)
                     location, offset = self._start_upload(repo), 0
                     continue
@@ -250,11 +253,11 @@ class Registry:
             "PUT", f"{location}{'&' if '?' in location else '?'}digest={digest}", body=b""
         )
         self._check(r, f"upload {digest} to {repo}")
-        if cuts or dropped:
+        if cuts or restarts:
             say(
                 "push",
-                f"{digest[7:19]}: {human_bytes(size)}, cut {cuts} time(s), session dropped by"
-                f" the registry {dropped} time(s), {human_bytes(sent - size)} sent again",
+                f"{digest[7:19]}: {human_bytes(size)}, cut {cuts} time(s), started again from"
+                f" byte 0 {restarts} time(s), {human_bytes(sent - size)} sent again",
             )
         return True
 
