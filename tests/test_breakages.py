@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.doit import run_doit
+from support.stages import image_copy
 
 from pipelines.core.paths import IMAGES_DIR, LOCKS_DIR, RECEIPT
 from pipelines.engine import statcache
@@ -265,8 +266,7 @@ def test_buildx_is_given_the_normalized_context(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
 
     # A copy of images/local-sim whose modes a checkout's umask could give: 600 and 700.
-    shutil.copytree(IMAGES_DIR / "local-sim", tmp_path / "images" / "local-sim")
-    folder = tmp_path / "images" / "local-sim"
+    folder = image_copy("local-sim", tmp_path / "images")
     package = sorted(p.relative_to(folder).as_posix() for p in (folder / "sim").rglob("*.py"))
     assert "sim/__main__.py" in package
     for name in package:
@@ -285,7 +285,6 @@ def test_buildx_is_given_the_normalized_context(tmp_path, monkeypatch):
     assert modes == {
         "Dockerfile": 0o644,
         "image.yaml": 0o644,
-        "debian.lock.yaml": 0o644,
         **dict.fromkeys(package, 0o644),
         "entry.sh": 0o755,
         "sparkforge-receipt.py": 0o644,

@@ -34,16 +34,20 @@ from pipelines.stages.images.inputs import debian_arch
 from pipelines.stages.images.spec import load_image
 
 REPO = Path(__file__).resolve().parent.parent
-DEBS = REPO / ".cache" / "debs"  # local-sim's locked .debs, fetched by scripts/install
+DEBS = REPO / ".cache" / "debs"  # the locked .debs, fetched by scripts/install
+# The image whose base the others share (base: same_as): the one Debian lock.
+LOCKED = "weights-stager"
 BUMPED = "readline-common"  # arch: all, a few KB, in every minbase
 
 
 class ImagesOf(Images):
-    """The images stage of `local` with its image read from another folder (a copy)."""
+    """The images stage of `local` with its image read from another folder (a copy), named
+    for that folder."""
 
     def __init__(self, folder: Path, engine: Engine):
         self.image = load_image(folder.name, folder.parent)  # before the steps are made
         super().__init__(stages.context(load_profile("local"), engine))
+        self.image_name = folder.name
 
 
 def control(deb: Path, *fields: str) -> list[str]:
@@ -141,15 +145,13 @@ def test_a_mirror_that_moved_stops_the_build_and_a_refresh_gives_one_new_digest(
     mirror, tmp_path, capsys
 ):
     url, root = mirror
-    folder = tmp_path / "images" / "local-sim"
-    shutil.copytree(REPO / "images" / "local-sim", folder)
+    folder = tmp_path / "images" / LOCKED
+    shutil.copytree(REPO / "images" / LOCKED, folder)
     lock_file(folder).unlink()
     spec_file = folder / "image.yaml"
-    spec_file.write_text(
-        spec_file.read_text().replace(
-            "    packages: [python3]\n", f"    mirror: {url}\n    packages: [python3]\n"
-        )
-    )
+    packages = "    packages: [python3, nginx-light]\n"
+    assert packages in spec_file.read_text()
+    spec_file.write_text(spec_file.read_text().replace(packages, f"    mirror: {url}\n{packages}"))
     engine = Engine(Store(tmp_path / "store"))
     images = ImagesOf(folder, engine)
     local, arch = images.image.spec.base.local, debian_arch()
@@ -158,11 +160,11 @@ def test_a_mirror_that_moved_stops_the_build_and_a_refresh_gives_one_new_digest(
 
     images.lock_base()
     said = capsys.readouterr().out
-    assert "local-sim: Release: nothing -> " in said
+    assert f"{LOCKED}: Release: nothing -> " in said
     first_key = engine.key(images.base_step)
     first = build_base(local, lock, arch, epoch, tmp_path / "b1", tmp_path / "debs1")
 
-    refresh = "run `doit lock_base (for local-sim)` to refresh the lock"
+    refresh = f"run `doit lock_base (for {LOCKED})` to refresh the lock"
     locked, _ = bump(root, BUMPED, "+sparkforge1", in_place=True)
     with pytest.raises(BaseLockError) as moved:
         build_base(local, lock, arch, epoch, tmp_path / "b2", tmp_path / "debs2")
@@ -181,8 +183,8 @@ def test_a_mirror_that_moved_stops_the_build_and_a_refresh_gives_one_new_digest(
 
     images.lock_base()
     said = capsys.readouterr().out
-    assert f"local-sim {arch}: ~ {BUMPED} {locked} -> {locked}+sparkforge1+sparkforge2" in said
-    assert said.count(f"local-sim {arch}: ~ ") == 1  # only that package moved
+    assert f"{LOCKED} {arch}: ~ {BUMPED} {locked} -> {locked}+sparkforge1+sparkforge2" in said
+    assert said.count(f"{LOCKED} {arch}: ~ ") == 1  # only that package moved
     fresh = Engine(Store(tmp_path / "store"))  # a new process: keys are memoized per process
     second_key = fresh.key(ImagesOf(folder, fresh).base_step)
     assert second_key != first_key
@@ -196,7 +198,7 @@ def test_a_mirror_that_moved_stops_the_build_and_a_refresh_gives_one_new_digest(
     ["pool/../../etc/x.deb", "pool/main/../../../etc/x.deb", "/etc/x.deb", "pool/.x.deb"],
 )
 def test_a_lock_whose_names_could_leave_the_pool_is_refused_in_one_line(tmp_path, filename):
-    text = lock_file(REPO / "images" / "local-sim").read_text()
+    text = lock_file(REPO / "images" / LOCKED).read_text()
     path = tmp_path / "debian.lock.yaml"
     first = text[text.index("filename: ") :].split(",")[0]
     path.write_text(text.replace(first, f"filename: {filename}", 1))
@@ -206,20 +208,20 @@ def test_a_lock_whose_names_could_leave_the_pool_is_refused_in_one_line(tmp_path
 
 
 def test_a_lock_for_other_packages_than_image_yaml_asks_is_refused(tmp_path):
-    image = load_image("local-sim")
+    image = load_image(LOCKED)
     assert image.spec.base.local is not None
     lock = load_debian_lock(lock_file(image.path))
     other = type(image.spec.base.local)(suite="bookworm", packages=["python3", "curl"])
     with pytest.raises(BaseLockError) as refused:
         lock.debs(other, debian_arch(), lock_file(image.path), "doit lock_base")
     assert str(refused.value) == (
-        f"{lock_file(image.path)}: include: locked ['python3'], image.yaml asks"
+        f"{lock_file(image.path)}: include: locked ['nginx-light', 'python3'], image.yaml asks"
         " ['curl', 'python3']; run `doit lock_base`"
     )
 
 
 def test_what_moved_is_one_line_per_package():
-    lock = load_debian_lock(lock_file(REPO / "images" / "local-sim"))
+    lock = load_debian_lock(lock_file(REPO / "images" / LOCKED))
     arch = debian_arch()
     first, second, *rest = lock.archs[arch]
     moved = msgspec.structs.replace(first, version="9.9")
@@ -238,7 +240,7 @@ def test_a_release_whose_signature_does_not_verify_is_refused_when_locking(mirro
     # Debian's archive keyring.
     url, root = mirror
     (root / "dists" / "bookworm" / "Release.gpg").write_bytes(b"not a signature\n")
-    spec = load_image("local-sim").spec.base.local
+    spec = load_image(LOCKED).spec.base.local
     assert spec is not None
     with pytest.raises(BaseLockError) as refused:
         lock_suite(msgspec.structs.replace(spec, mirror=url), [debian_arch()])
@@ -258,7 +260,7 @@ def test_a_packages_entry_naming_a_path_out_of_the_pool_is_refused_when_locking(
     assert hostile != text
     index.write_bytes(lzma.compress(hostile.encode()))
     write_release(root, debian_arch())  # the Release lists the altered index: it is consistent
-    spec = load_image("local-sim").spec.base.local
+    spec = load_image(LOCKED).spec.base.local
     assert spec is not None
     with pytest.raises(BaseLockError) as refused:
         lock_suite(msgspec.structs.replace(spec, mirror=url), [debian_arch()])

@@ -101,7 +101,7 @@ def test_a_partial_a_fetch_took_since_the_plan_is_not_deleted(tmp_path, capsys):
 
 def test_a_cached_deb_no_debian_lock_names_is_freed_and_a_locked_one_kept(tmp_path):
     store = Store(tmp_path / "store")
-    locked = yaml.safe_load((REPO / "images/local-sim/debian.lock.yaml").read_text())
+    locked = yaml.safe_load((REPO / "images/weights-stager/debian.lock.yaml").read_text())
     deb = locked["archs"]["amd64"][0]
     debs = store.root / "debs"
     debs.mkdir()
@@ -113,7 +113,7 @@ def test_a_cached_deb_no_debian_lock_names_is_freed_and_a_locked_one_kept(tmp_pa
 
     assert verdicts[f"debs/{'4' * 16}"] == (False, "no root reaches it")
     kept, why = verdicts[f"debs/{deb['sha256'][:16]}"]
-    assert kept and why.startswith(f"local-sim's Debian lock: {deb['name']} {deb['version']}")
+    assert kept and why.startswith(f"weights-stager's Debian lock: {deb['name']} {deb['version']}")
     assert [p.name for p in debs.iterdir()] == [deb["sha256"]]
 
 

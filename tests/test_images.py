@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import shutil
 import sys
@@ -13,12 +14,13 @@ from pathlib import Path
 
 import docker.errors
 import pytest
+import yaml
 from support import stages
 from support.registry_repos import delete_repository
 
 import devstack as local_stack
 from pipelines.core.errors import BadInput
-from pipelines.core.paths import RECEIPT
+from pipelines.core.paths import IMAGES_DIR, RECEIPT
 from pipelines.core.profiles import load_profile
 from pipelines.core.schema import replace
 from pipelines.core.settings import read_settings
@@ -32,6 +34,7 @@ from pipelines.stages.images.build import (
     buildx_command,
     choose_builder,
 )
+from pipelines.stages.images.debian_lock import LOCK_NAME
 from pipelines.stages.images.dockerfile import check_contents, check_froms
 from pipelines.stages.images.registry import Registry
 from pipelines.stages.images.registry_cache import RegistryCache
@@ -69,7 +72,15 @@ def copies(stack):
 
 @pytest.fixture(scope="session")
 def local_base(stack, registry, site, tmp_path_factory):
-    """The debootstrap base of local-sim, built once (the registry keeps it by key)."""
+    """The debootstrap base of local-sim (weights-stager's): the session's one plain clean build
+    of it (support/reproducible.py), which the registry then keeps by key."""
+    from support.reproducible import REPO, bases_in_registry, plain_builds
+
+    from pipelines.stages.images.inputs import debian_arch
+
+    native = f"linux/{debian_arch()}"
+    plain = plain_builds(native, tmp_path_factory, REPO / ".cache" / "debs")
+    bases_in_registry(stack, ["weights-stager"], native, tmp_path_factory, plain)
     engine = Engine(Store(tmp_path_factory.mktemp("base-store")))
     images = Images(stages.context(load_profile("local"), engine, site))
     engine.run(images.base_step)  # found in the registry, else debootstrapped and pushed
@@ -84,8 +95,7 @@ def local_base(stack, registry, site, tmp_path_factory):
 @pytest.fixture
 def sim_copy(tmp_path):
     """A copy of images/local-sim with a unique file, so its key has never been built."""
-    folder = tmp_path / "images" / "local-sim"
-    shutil.copytree(Path(__file__).resolve().parent.parent / "images" / "local-sim", folder)
+    folder = stages.image_copy("local-sim", tmp_path / "images")
     (folder / "marker.txt").write_text(uuid.uuid4().hex)
     return folder
 
@@ -436,6 +446,7 @@ def test_a_build_for_arm64_where_emulation_is_missing_is_one_line_saying_what_to
 ):
     from pipelines.stages.images import emulation
     from pipelines.stages.images.base import build_base
+    from pipelines.stages.images.debian_lock import lock_file
     from pipelines.stages.images.inputs import debian_arch
 
     foreign = "arm64" if debian_arch() == "amd64" else "amd64"
@@ -445,13 +456,84 @@ def test_a_build_for_arm64_where_emulation_is_missing_is_one_line_saying_what_to
     monkeypatch.setattr(emulation, "BINFMT", tmp_path)
     image = load_image("local-sim")
     assert image.spec.base.local is not None
+    lock = lock_file(image.base_folder)
     with pytest.raises(ImageError) as refused:
-        build_base(
-            image.spec.base.local, image.path / "debian.lock.yaml", foreign, 0, tmp_path, tmp_path
-        )
+        build_base(image.spec.base.local, lock, foreign, 0, tmp_path, tmp_path)
     line = str(refused.value)
     assert "\n" not in line and says in line and "scripts/install" in line
     assert str(handler) in line
+
+
+@pytest.mark.parametrize("platform", ["linux/amd64", "linux/arm64"])
+def test_local_sim_builds_on_weights_stagers_base_one_step_key_per_platform(platform, tmp_path):
+    """`base: same_as` shares one debootstrap: the same lock, packages and date, so one key
+    (one build, one registry tag, one reproducibility check) for both images."""
+    keys, locks = {}, {}
+    for name in ["local-sim", "weights-stager"]:
+        engine = Engine(Store(tmp_path / name))
+        images = stages.ImageAt(IMAGES_DIR / name, platform, engine, stages.NO_SITE)
+        assert images.base_step is not None
+        keys[name], locks[name] = engine.key(images.base_step), images.base_step.inputs
+    assert keys["local-sim"] == keys["weights-stager"]
+    assert locks["local-sim"] == {"debian_lock": IMAGES_DIR / "weights-stager" / LOCK_NAME}
+    assert not (IMAGES_DIR / "local-sim" / LOCK_NAME).exists()  # no second lock to drift
+
+
+def shared_base_error(images: Path) -> str:
+    """The one line loading local-sim from images gives, or a failure."""
+    with pytest.raises(ImageError) as refused:
+        load_image("local-sim", images)
+    assert "\n" not in str(refused.value)
+    return str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (
+            {"local-sim": {"base": {"same_as": "local-sim"}}},
+            "local-sim/image.yaml: field 'base.same_as': expected another image of {images}"
+            " (sglang-gb10-dsv41, vllm-gb10-dsv41-exl3, weights-stager), got 'local-sim'",
+        ),
+        (
+            {"local-sim": {"base": {"same_as": "no-such-image"}}},
+            "local-sim/image.yaml: field 'base.same_as': expected another image of {images}"
+            " (sglang-gb10-dsv41, vllm-gb10-dsv41-exl3, weights-stager), got 'no-such-image'",
+        ),
+        (
+            {"local-sim": {"base": {"same_as": "vllm-gb10-dsv41-exl3"}}},
+            "local-sim/image.yaml: field 'base.same_as': expected an image whose base is made"
+            " here (base.local), got 'vllm-gb10-dsv41-exl3'",
+        ),
+        (  # a chain (or a loop): the other image's base must be its own
+            {"weights-stager": {"base": {"same_as": "local-sim"}}},
+            "local-sim/image.yaml: field 'base.same_as': expected an image whose base is made"
+            " here (base.local), got 'weights-stager'",
+        ),
+        (
+            {"local-sim": {"source_date_epoch": 1764547200}},
+            "local-sim/image.yaml: field 'source_date_epoch': expected 1764460800, the date of"
+            " weights-stager's base, which this image shares (base.same_as), got 1764547200",
+        ),
+        (
+            {"local-sim": {"base": {"same_as": "weights-stager", "local": {"suite": "bookworm"}}}},
+            "local-sim/image.yaml: field 'base': base needs exactly one of 'image' (pinned by"
+            " digest), 'local' or 'same_as' (another image's local base)",
+        ),
+    ],
+    ids=["itself", "unknown", "pinned", "chain", "another-date", "two-bases"],
+)
+def test_a_base_same_as_that_cannot_be_shared_is_one_line_naming_the_field(
+    edit, expected, tmp_path
+):
+    images = tmp_path / "images"
+    shutil.copytree(IMAGES_DIR, images, ignore=shutil.ignore_patterns("__py*"))
+    for name, changes in edit.items():
+        spec_file = images / name / "image.yaml"
+        spec = yaml.safe_load(spec_file.read_text())
+        spec.update(changes)
+        spec_file.write_text(yaml.safe_dump(spec))
+    assert shared_base_error(images) == f"{images}/{expected.format(images=images)}"
 
 
 def test_a_platform_argument_other_than_amd64_or_arm64_is_refused_in_one_line(tmp_path):
@@ -491,12 +573,12 @@ def test_the_base_key_moves_with_the_date_its_build_is_given_not_with_its_descri
     def base_key(**changes: object) -> str:
         def changed(name: str) -> ImageDir:
             image = real(name)
-            return ImageDir(image.path, msgspec.structs.replace(image.spec, **changes))
+            return dataclasses.replace(image, spec=msgspec.structs.replace(image.spec, **changes))
 
         monkeypatch.setattr(image_tasks, "load_image", changed)
         engine = Engine(Store(tmp_path / "store"))
         images = Images(stages.context(load_profile("local"), engine))
-        assert images.base_step is not None  # local-sim's base is made here
+        assert images.base_step is not None  # local-sim's base (weights-stager's) is made here
         return engine.key(images.base_step)
 
     key = base_key()

@@ -60,7 +60,7 @@ def plain(tmp_path_factory):
 @pytest.fixture(scope="module")
 def with_bases(stack, plain, tmp_path_factory):
     """The images' arm64 bases in the tests' registry."""
-    bases_in_registry(stack, ["local-sim", "weights-stager"], PLATFORM, tmp_path_factory, plain)
+    bases_in_registry(stack, ["weights-stager"], PLATFORM, tmp_path_factory, plain)
 
 
 @pytest.mark.parametrize(("kind", "image", "variation"), VARIED, ids=variation_id)

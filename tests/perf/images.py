@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "tests" / "perf"))
 sys.path.insert(0, str(REPO / "tests"))
 
 from plot import bar_chart  # noqa: E402
-from support.stages import context  # noqa: E402
+from support.stages import context, image_copy  # noqa: E402
 
 import devstack  # noqa: E402
 from pipelines.core.paths import RECEIPT  # noqa: E402
@@ -78,8 +78,7 @@ def main() -> None:
     ours, plain = [], []
     with tempfile.TemporaryDirectory(prefix="images-bench-") as tmp:
         for _ in range(args.runs):
-            folder = Path(tmp) / uuid.uuid4().hex / "local-sim"
-            shutil.copytree(REPO / "images" / "local-sim", folder)
+            folder = image_copy("local-sim", Path(tmp) / uuid.uuid4().hex)
             module = folder / "sim" / "reply.py"  # a changed byte in a COPY: it and after rerun
             module.write_text(module.read_text() + f"# {folder.parent.name}\n")
             engine = Engine(store)  # a fresh one per run: keys are memoized per engine

@@ -49,8 +49,8 @@ def main(kind: str, folder: Path, platform: str, out: Path, debs: Path) -> dict[
         assert local is not None, f"{folder}: no local base"
         step = images.base_step
         assert step is not None
-        epoch = images.image.spec.source_date_epoch
-        image = build_base(local, lock_file(folder), images.arch, epoch, work, debs)
+        epoch, lock = images.image.spec.source_date_epoch, lock_file(images.image.base_folder)
+        image = build_base(local, lock, images.arch, epoch, work, debs)
         save_image_index(image, work)
     else:
         import docker

@@ -41,10 +41,11 @@ def clean_build(
     absent = missing_tools()
     assert not absent, f"the build variations need {', '.join(absent)}: run scripts/install"
     out = Path(tempfile.mkdtemp(dir=work, prefix=f"{kind}-{image}-{variation.name}-"))
-    folder = REPO / "images" / image
+    images = REPO / "images"  # all of it: an image may share another's base (base: same_as)
     with contextlib.ExitStack() as stack:
         if variation.shuffled:
-            folder = stack.enter_context(listed_in_another_order(folder, out / "shuffled"))
+            images = stack.enter_context(listed_in_another_order(images, out / "shuffled"))
+        folder = images / image
         argv = [sys.executable, str(CLEAN_BUILD), kind, str(folder), platform, str(out / "b")]
         argv.append(str(debs))
         result = subprocess.run(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from pipelines.engine.published import PublishedImage
 from pipelines.engine.stage import Context
 from pipelines.engine.steps import Engine
 from pipelines.stages.images import Images
-from pipelines.stages.images.spec import ImageDir, load_image
+from pipelines.stages.images.spec import load_image
 from pipelines.stages.render import Render
 from pipelines.stages.weights import Weights
 
@@ -57,5 +58,17 @@ class ImageAt(Images):
 
     def __init__(self, folder: Path, platform: str, engine: Engine, site: Site):
         image = load_image(folder.name, folder.parent)
-        self.image = ImageDir(image.path, msgspec.structs.replace(image.spec, platform=platform))
+        spec = msgspec.structs.replace(image.spec, platform=platform)
+        self.image = dataclasses.replace(image, spec=spec)
         super().__init__(context(load_profile("local"), engine, site))
+
+
+def image_copy(name: str, images: Path) -> Path:
+    """A copy of images/<name> in images (a folder of image folders) to edit, beside a copy of
+    the image whose base it shares (`base: same_as`), which load_image reads from there."""
+    from pipelines.core.paths import IMAGES_DIR
+
+    shared = load_image(name).shares_base_of
+    for folder in [IMAGES_DIR / name, *([shared] if shared else [])]:
+        shutil.copytree(folder, images / folder.name, ignore=shutil.ignore_patterns("__py*"))
+    return images / name

@@ -3,6 +3,7 @@ whose output lives in the registry, and the plan `doit plan` prints."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -115,7 +116,7 @@ class Images:
             raise ImageBadInput(f"platform={self.platform_override!r}: expected {expected}")
         if self.platform_override:
             spec = msgspec.structs.replace(image.spec, platform=self.platform_override)
-            return ImageDir(image.path, spec)
+            return dataclasses.replace(image, spec=spec)
         return image
 
     @property
@@ -139,7 +140,7 @@ class Images:
         from pipelines.stages.images.inputs import BASE_RECIPE_VERSION, base_params
 
         repository = base_repository(local)
-        lock = lock_file(self.image.path)
+        lock = lock_file(self.image.base_folder)
 
         def debootstrap_base(run: StepRun) -> None:
             from pipelines.stages.images.base import build_base
@@ -173,7 +174,7 @@ class Images:
 
         local, arch = self.image.spec.base.local, self.arch
         assert local is not None  # the task exists only for a local base
-        path = lock_file(self.image.path)
+        path = lock_file(self.image.base_folder)
         old = load_debian_lock(path) if path.exists() else None
         # Every architecture locked before, and this one: one Release for all of them.
         new = lock_suite(local, [arch, *(old.archs if old else ())])
