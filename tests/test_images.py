@@ -558,6 +558,25 @@ def test_debootstrap_runs_dpkg_without_fsyncs_and_with_every_default_dpkg_keeps(
     assert defaults | {"unsafe-io"} == forced
 
 
+def test_debootstrap_sees_one_environment_whatever_the_callers_but_the_clock_it_is_given():
+    """The builds under varied conditions (test_reproducible*.py) prove the digest; this says
+    which of a caller's variables reach debootstrap at all: only the preload that moves the
+    clock, as those builds do."""
+    from pipelines.stages.images.base import build_environment
+
+    caller = {"PYTHONDONTWRITEBYTECODE": "", "PATH": "/opt/other/bin", "TZ": "Asia/Kolkata",
+              "LANG": "de_DE.UTF-8", "PYTHONHASHSEED": "7", "HOME": "/home/x", "FAKETIME": "+1d",
+              "LD_PRELOAD": "/usr/lib/faketime.so"}  # fmt: skip
+    env = build_environment(caller, 1764460800)
+    assert {k: v for k, v in env.items() if k not in ("DPKG_FORCE",)} == {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "SOURCE_DATE_EPOCH": "1764460800",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "FAKETIME": "+1d",
+        "LD_PRELOAD": "/usr/lib/faketime.so",
+    }
+
+
 def test_the_base_key_moves_with_the_date_its_build_is_given_not_with_its_description(
     tmp_path, monkeypatch
 ):

@@ -32,6 +32,10 @@ class Variation:
     cpus: str = ""  # taskset's list; "" for all
     shuffled: bool = False  # directories list their files in another order (disorderfs)
     home: str = ""
+    # Variables of a user's environment that the tools inside read: set (a value) or removed
+    # (None), whatever this machine has. A runner's PYTHONDONTWRITEBYTECODE once decided
+    # whether a base's debpython .pyc were timestamped.
+    variables: tuple[tuple[str, str | None], ...] = ()
 
     def describe(self) -> str:
         """What this variation changes, for records and failure lines."""
@@ -43,6 +47,10 @@ class Variation:
             f"hostname {self.hostname}" if self.hostname else "",
             f"CPUs {self.cpus}" if self.cpus else "",
             "HOME/USER elsewhere" if self.home else "",
+            *(
+                f"{name} unset" if value is None else f"{name}={value}"
+                for name, value in self.variables
+            ),
             "files listed in another order (disorderfs)" if self.shuffled else "",
         ]
         return ", ".join(p for p in parts if p) or "as the machine is"
@@ -67,6 +75,11 @@ class Variation:
             env.update(LANG=self.lang, LC_ALL=self.lang, LANGUAGE=self.lang.split(".")[0])
         if self.home:
             env.update(HOME=self.home, USER="builder", LOGNAME="builder")
+        for name, value in self.variables:
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
         if self.clock:
             # Through /proc/PID/root of this long-lived process, the same path names the library
             # outside and inside debootstrap's chroot (once it mounts /proc): the maintainer
@@ -92,6 +105,7 @@ DAYS = Variation(
     cpus="0",
     shuffled=True,
     home="/tmp",
+    variables=(("PYTHONDONTWRITEBYTECODE", None), ("PYTHONHASHSEED", "random")),
 )
 YEARS = Variation(
     "years",
@@ -102,6 +116,7 @@ YEARS = Variation(
     hostname="builder-of-2029",
     shuffled=True,
     home="/var/tmp",
+    variables=(("PYTHONDONTWRITEBYTECODE", "1"), ("PYTHONHASHSEED", "0")),
 )
 
 

@@ -62,12 +62,28 @@ PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DPKG_FORCE = "security-mac,downgrade,unsafe-io"
 
 
+# What of the caller's environment reaches debootstrap and the maintainer scripts: the dynamic
+# loader's preload and libfaketime's settings, the one way to move the clock they read
+# (tests/test_reproducible.py does), and nothing else. Any other variable may change what a
+# script writes: PYTHONDONTWRITEBYTECODE, set on one runner and not on another, decided whether
+# debpython's modules were left as timestamped .pyc (written when py3compile imported them) or
+# compiled with checked hashes, two digests for one key.
+PASSED_ON = ("LD_PRELOAD", "FAKETIME", "NO_FAKE_STAT", "FAKETIME_DONT_FAKE_MONOTONIC")
+
+
 def build_environment(environ: dict[str, str], epoch: int) -> dict[str, str]:
-    """The environment debootstrap runs in: the caller's, dated epoch (the maintainer scripts
-    inherit it through chroot), dpkg told to skip its fsyncs. Locale and umask need no pin:
-    debootstrap sets LANG=C and umask 022 itself, and tests/test_reproducible.py varies both
-    (TZ too) to hold it so."""
-    return {**environ, "SOURCE_DATE_EPOCH": str(epoch), "DPKG_FORCE": DPKG_FORCE}
+    """The environment debootstrap runs in, the same on every machine: dated epoch (the
+    maintainer scripts inherit it through chroot), dpkg told to skip its fsyncs, Python to
+    write no .pyc on import (py3compile writes them, with checked hashes), a fixed PATH; of
+    the caller's, only PASSED_ON. Locale and umask need no pin: debootstrap sets LANG=C and
+    umask 022 itself, and tests/test_reproducible.py varies both (TZ too) to hold it so."""
+    return {
+        **{name: environ[name] for name in PASSED_ON if name in environ},
+        PATH_ENV.partition("=")[0]: PATH_ENV.partition("=")[2],
+        "SOURCE_DATE_EPOCH": str(epoch),
+        "DPKG_FORCE": DPKG_FORCE,
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
 
 
 def debootstrap(
