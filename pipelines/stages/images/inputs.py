@@ -19,7 +19,7 @@ from pipelines.stages.images.layer_format import layer_format
 from pipelines.stages.images.spec import ImageDir, LocalBase
 
 EXTRA_CONTEXT = {"sparkforge-receipt.py": RECEIPT}  # every image carries the receipt writer
-BASE_RECIPE_VERSION = 3  # 2: built from the Debian lock's .debs; 3: dated SOURCE_DATE_EPOCH
+BASE_RECIPE_VERSION = 4  # 2: from the Debian lock's .debs; 3: dated; 4: in an environment of its own
 
 
 def native_platform() -> str:
