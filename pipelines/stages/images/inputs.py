@@ -19,7 +19,8 @@ from pipelines.stages.images.layer_format import layer_format
 from pipelines.stages.images.spec import ImageDir, LocalBase
 
 EXTRA_CONTEXT = {"sparkforge-receipt.py": RECEIPT}  # every image carries the receipt writer
-BASE_RECIPE_VERSION = 4  # 2: from the Debian lock's .debs; 3: dated; 4: in an environment of its own
+# 2: built from the Debian lock's .debs; 3: dated SOURCE_DATE_EPOCH; 4: an environment of its own
+BASE_RECIPE_VERSION = 4
 
 
 def native_platform() -> str:
