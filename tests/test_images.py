@@ -83,7 +83,7 @@ def local_base(stack, registry, site, tmp_path_factory):
     bases_in_registry(stack, ["weights-stager"], native, tmp_path_factory, plain)
     engine = Engine(Store(tmp_path_factory.mktemp("base-store")))
     images = Images(stages.context(load_profile("local"), engine, site))
-    engine.run(images.base_step)  # found in the registry, else debootstrapped and pushed
+    engine.run(images.base_step)  # found in the registry: builds nothing
     ref = images.base_ref()
     repository, digest = images.base_step.cache.repository, ref.rsplit("@", 1)[1]
     tag = RegistryCache.key_tag(engine.key(images.base_step))

@@ -52,7 +52,8 @@ PRUNE = (
     "etc/hostname",
     "etc/resolv.conf",
 )
-PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The image's PATH, and debootstrap's.
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 # dpkg's own defaults (security-mac, downgrade: DPKG_FORCE replaces them) and unsafe-io: no
@@ -79,7 +80,7 @@ def build_environment(environ: dict[str, str], epoch: int) -> dict[str, str]:
     umask 022 itself, and tests/test_reproducible.py varies both (TZ too) to hold it so."""
     return {
         **{name: environ[name] for name in PASSED_ON if name in environ},
-        PATH_ENV.partition("=")[0]: PATH_ENV.partition("=")[2],
+        "PATH": PATH,
         "SOURCE_DATE_EPOCH": str(epoch),
         "DPKG_FORCE": DPKG_FORCE,
         "PYTHONDONTWRITEBYTECODE": "1",
@@ -171,7 +172,7 @@ def build_base(spec: LocalBase, lock: Path, arch: str, epoch: int, work: Path, d
         "architecture": arch,
         "os": "linux",
         "created": epoch_iso(epoch),
-        "config": {"Env": [PATH_ENV], "Cmd": ["/bin/sh"]},
+        "config": {"Env": [f"PATH={PATH}"], "Cmd": ["/bin/sh"]},
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
         "history": [
             {

@@ -145,12 +145,12 @@ def load_image(name: str, folder: Path = IMAGES_DIR) -> ImageDir:
 def shared_base(image_yaml: Path, spec: ImageSpec, folder: Path) -> tuple[ImageSpec, Path]:
     """spec with the local base of the image its base is `same_as`, and that image's folder.
     The two must be dated alike: the date is in the base's key, and one base has one key."""
-    other = spec.base.same_as
-    where = f"{image_yaml}: field 'base.same_as'"
-    if other == spec.name or not (folder / str(other) / "image.yaml").is_file():
+    other = str(spec.base.same_as)
+    where, owner_folder = f"{image_yaml}: field 'base.same_as'", folder / other
+    if other == spec.name or not (owner_folder / "image.yaml").is_file():
         images = ", ".join(i for i in available_images(folder) if i != spec.name)
         raise ImageError(f"{where}: expected another image of {folder} ({images}), got {other!r}")
-    owner = load_yaml_model(folder / str(other) / "image.yaml", ImageSpec, ImageError)
+    owner = load_yaml_model(owner_folder / "image.yaml", ImageSpec, ImageError)
     if owner.base.local is None:
         raise ImageError(
             f"{where}: expected an image whose base is made here (base.local), got {other!r}"
@@ -161,7 +161,7 @@ def shared_base(image_yaml: Path, spec: ImageSpec, folder: Path) -> tuple[ImageS
             f" the date of {other}'s base, which this image shares (base.same_as), got"
             f" {spec.source_date_epoch}"
         )
-    return msgspec.structs.replace(spec, base=Base(local=owner.base.local)), folder / str(other)
+    return msgspec.structs.replace(spec, base=Base(local=owner.base.local)), owner_folder
 
 
 def available_images(folder: Path = IMAGES_DIR) -> list[str]:
