@@ -218,14 +218,32 @@ def test_a_dispatch_of_an_unknown_profile_fails_in_the_first_step_in_one_line(la
     assert run.summary == ""  # nor the summary's, which would only say doit is missing
 
 
-def test_local_deployed_then_benched_by_dispatch_with_record_results_and_verdict(lab):
-    deployed = act(lab, "deploy.yml", "workflow_dispatch", dispatch("local"), "deploy-local")
+def test_local_deployed_by_dispatch_after_waiting_on_the_lock_then_benched(lab):
+    """act ignores `concurrency:`; what keeps two deploys of a profile apart on one runner is
+    doit's per-profile lock beside its records: the job's deploy waits for it, saying so, then
+    deploys; the bench after it records results and verdict."""
+    lock = lab["store"] / "deployments" / "local.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    before = records(lab, "local")
+    with lock.open("a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a deploy of local under way would hold it
+        started = start(lab, "deploy.yml", "workflow_dispatch", dispatch("local"), "deploy-local")
+        deadline = time.monotonic() + TIMEOUT_S
+        while "deploy: waiting for the" not in started.log():
+            assert started.process.poll() is None, started.log()
+            assert time.monotonic() < deadline, started.log()
+            time.sleep(1)
+        time.sleep(3)
+        assert records(lab, "local") == before  # nothing deployed while the other holds it
+        fcntl.flock(held, fcntl.LOCK_UN)
+    deployed = finish(started)
     assert deployed.returncode == 0, deployed.log
-    records = sorted((lab["store"] / "deployments" / "local").glob("*.json"))
-    record = json.loads(records[-1].read_text())
+    *_, latest = after = records(lab, "local")
+    assert len(after) == len(before) + 1
+    record = json.loads(latest.read_text())
     assert "### deploy local" in deployed.summary
-    assert f"<summary>{records[-1].name}</summary>" in deployed.summary
-    assert records[-1].read_text().strip() in deployed.summary
+    assert f"<summary>{latest.name}</summary>" in deployed.summary
+    assert latest.read_text().strip() in deployed.summary
     assert f"image {record['image']}" in deployed.summary  # doit status, above the record
 
     benched = act(lab, "bench.yml", "workflow_dispatch", dispatch("local"), "bench-local")
@@ -268,29 +286,6 @@ def test_a_bench_made_to_regress_fails_the_job_with_the_gate_line(lab):
     assert "### bench local: doit bench exited 4: a regression" in benched.summary
     (artifact,) = benched.artifacts.iterdir()
     assert json.loads((artifact / "results.json").read_text())["verdict"] == "failed"
-
-
-def test_a_deploy_while_another_holds_the_profile_waits_then_deploys(lab):
-    """act ignores `concurrency:`; what keeps two deploys of a profile apart on one runner is
-    doit's per-profile lock beside its records: the job's deploy waits for it, saying so."""
-    lock = lab["store"] / "deployments" / "local.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    before = records(lab, "local")
-    with lock.open("a+") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)  # as a deploy of local under way would hold it
-        started = start(lab, "deploy.yml", "workflow_dispatch", dispatch("local"), "deploy-wait")
-        deadline = time.monotonic() + TIMEOUT_S
-        while "deploy: waiting for the" not in started.log():
-            assert started.process.poll() is None, started.log()
-            assert time.monotonic() < deadline, started.log()
-            time.sleep(1)
-        time.sleep(3)
-        assert records(lab, "local") == before  # nothing deployed while the other holds it
-        fcntl.flock(held, fcntl.LOCK_UN)
-    deployed = finish(started)
-    assert deployed.returncode == 0, deployed.log
-    assert len(records(lab, "local")) == len(before) + 1
-    assert "### deploy local" in deployed.summary
 
 
 def test_the_workflow_run_chain_deploys_then_benches_local_ring(ring_lab):
