@@ -5,6 +5,7 @@ stages before it publish, and doit finds each stage's tasks through its `create_
 A stage with nothing to do for the profile yields no tasks.
 """
 
+import atexit
 import os
 
 from doit import get_var
@@ -12,6 +13,7 @@ from doit import get_var
 # The stages by package, not by class: doit takes every name here with a create_doit_tasks
 # for a task creator, a stage's class included.
 from pipelines import gc
+from pipelines.core.collector import tune_collector
 from pipelines.core.errors import PipelineError, exit_with
 from pipelines.core.profiles import load_profile
 from pipelines.core.settings import read_settings
@@ -29,6 +31,8 @@ from pipelines.stages.deploy.records import who_ran
 # doit's name=value arguments a stage reads (engine/variables.py says what each means; `doit
 # help TASK` names those the task reads): profile= here, the others into the Context.
 VARIABLES = tuple(name for name in ALL_VARIABLES if name != "profile")
+
+tune_collector()
 
 
 def stack_endpoints():
@@ -75,6 +79,9 @@ def run_context(profile_name: str) -> Context:
 # The table of stages, in the order a build runs them; each takes what earlier ones publish.
 try:
     CONTEXT = run_context(get_var("profile", "local"))
+    # Closed at exit, before the collector is told to walk nothing (tune_collector's handler
+    # runs after this one): no collection would close it then.
+    atexit.register(CONTEXT.engine.store.statcache.close)
     PROFILE = profile_stage.ProfileCheck(CONTEXT)
     WEIGHTS = weights.Weights(CONTEXT)
     IMAGES = images.Images(CONTEXT)

@@ -4,8 +4,10 @@ plotting or Kubernetes library. Counted, not timed: the modules loaded in a fres
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -57,3 +59,103 @@ def heavy_modules_after(*args: str) -> list[str]:
 )
 def test_listing_the_tasks_loads_no_heavy_library(args):
     assert heavy_modules_after(*args) == []
+
+
+# Run at exit after every other handler (atexit runs them last-registered first): what the
+# collector is left with when the interpreter's own last collection starts.
+AT_EXIT = """
+import atexit, contextlib, gc, io, json, sys
+atexit.register(lambda: print(json.dumps([gc.get_threshold()[0], gc.get_freeze_count()])))
+sys.argv = ["doit", "list"]
+from doit.__main__ import main
+with contextlib.redirect_stdout(io.StringIO()):
+    try:
+        main()
+    except SystemExit:
+        pass
+"""
+
+
+def test_a_doit_process_collects_young_objects_less_often_and_walks_nothing_at_exit():
+    run = subprocess.run(
+        [sys.executable, "-c", AT_EXIT], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    threshold, frozen = json.loads(run.stdout.splitlines()[-1])
+    assert threshold == 7000  # ten times the default 700
+    # Every object out of the collector's sight: the last collection walks none of them.
+    assert frozen > 10_000
+
+
+def test_the_model_signature_module_loads_none_of_the_sigstore_stack():
+    """model_signing's package __init__ (its Sigstore signer and verifier) is not run: signing and
+    verifying with a key need none of it (tests/test_model_signature.py does both)."""
+    code = (
+        "import json, sys\nimport pipelines.stages.weights.signature\n"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    roots = set(json.loads(run.stdout))
+    assert "model_signing" in roots and "cryptography" in roots
+    assert roots.isdisjoint({"sigstore", "tuf", "requests", "securesystemslib", "boto3"})
+
+
+def test_the_s3_clients_of_a_run_load_the_service_model_once_and_follow_the_environment(
+    monkeypatch,
+):
+    """The model bucket's client and the remote cache's come from one boto3 session (the S3
+    service model read once); another AWS_* environment gets a session, and credentials, of its
+    own. No request is made: making a client needs no server."""
+    import botocore.loaders
+
+    from pipelines.engine.remote.remote import RemoteCache
+    from pipelines.stages.weights.s3 import s3_client
+
+    read: list[str] = []
+    load_file = botocore.loaders.JSONFileLoader.load_file
+
+    def counted(self, file_path, *args):
+        read.append(str(file_path))
+        return load_file(self, file_path, *args)
+
+    monkeypatch.setattr(botocore.loaders.JSONFileLoader, "load_file", counted)
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", f"first-{uuid.uuid4().hex}")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    weights = s3_client()
+    assert any(p.endswith("/s3/2006-03-01/service-2") for p in read), read
+    first_client_read = list(read)
+    cache = RemoteCache("s3://cache/prefix", {}).client
+    assert read == first_client_read  # the second client read no file
+    first = os.environ["AWS_ACCESS_KEY_ID"]
+    assert weights._request_signer._credentials.access_key == first
+    assert cache._request_signer._credentials.access_key == first
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "second")
+    assert s3_client()._request_signer._credentials.access_key == "second"
+
+
+def test_a_doit_process_closes_its_stat_cache_at_exit_though_the_collector_walks_nothing(
+    tmp_path,
+):
+    """The stat cache's connection is closed by hand at exit, so sqlite folds its WAL back into
+    the database: no -wal or -shm file is left (one the next run must make again, which fails on
+    a full disk: tests/test_steps.py)."""
+    store = tmp_path / "store"
+    env = {**os.environ, "SPARKFORGE_STORE": str(store)}
+    run = subprocess.run(
+        [sys.executable, "-m", "doit", "list"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert (store / "statcache.sqlite3").is_file()
+    assert sorted(p.name for p in store.glob("statcache.sqlite3-*")) == []

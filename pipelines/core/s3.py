@@ -4,10 +4,18 @@ bucket, the remote cache)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
+import os
+import threading
 from collections.abc import Iterator
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from pipelines.core.errors import PipelineError, Unreachable
+
+if TYPE_CHECKING:
+    import boto3
 
 # S3-compatible stores (SeaweedFS, MinIO, Ceph) reject or mishandle the newer default checksums.
 # Plain values, no botocore here: each client's module imports botocore itself, when it runs. So
@@ -49,3 +57,39 @@ def s3_errors(what: str, unreachable: type[Unreachable] = Unreachable) -> Iterat
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
         down = isinstance(err, botocore.exceptions.EndpointConnectionError)
         raise (unreachable if down else PipelineError)(describe_s3_error(err, what)) from None
+
+
+# boto3 sessions are not thread-safe: clients are made from the shared one under this lock.
+_MAKING_CLIENT = threading.Lock()
+
+
+def shared_session() -> boto3.session.Session:
+    """The process's boto3 session for the AWS chain the environment names now.
+
+    Every S3 client of a run is made from it: the service model and the credentials are loaded
+    once, not per client (a second session was 0.08 s of a build restored from the remote
+    cache). Another AWS_* environment (a test's, in one process) gets a session of its own; the
+    sessions are told apart by a digest, so no copy of a secret is kept beside os.environ.
+    """
+    chain = sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))
+    return _session(hashlib.sha256(json.dumps(chain).encode()).hexdigest())
+
+
+@cache
+def _session(chain_digest: str) -> boto3.session.Session:
+    """A boto3 session, one per digest of the AWS_* environment."""
+    import boto3
+
+    return boto3.session.Session()
+
+
+def chain_has_credentials() -> bool:
+    """Whether the standard AWS chain finds credentials."""
+    with _MAKING_CLIENT:
+        return shared_session().get_credentials() is not None
+
+
+def make_client(config: Any) -> Any:
+    """An S3 client of the shared session with a botocore Config."""
+    with _MAKING_CLIENT:
+        return shared_session().client("s3", config=config)

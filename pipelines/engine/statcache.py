@@ -81,6 +81,14 @@ class StatCache:
         db_now: sqlite3.Connection = self._local.db
         return db_now
 
+    def close(self) -> None:
+        """Close this thread's connection, if it has one: sqlite checkpoints the WAL into the
+        database and removes its -wal and -shm files (a process that exits with the connection
+        open leaves them, and a next open on a full disk fails to make them again)."""
+        if getattr(self._local, "pid", None) == os.getpid():
+            self._local.db.close()
+        self._local = threading.local()
+
     def _db_device(self) -> int | None:
         """The device of the cache's folder (None if it cannot be read)."""
         try:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines.core import errors
 from pipelines.core.errors import BadInput, PipelineError
-from pipelines.core.s3 import S3_CLIENT_OPTIONS, s3_errors
+from pipelines.core.s3 import S3_CLIENT_OPTIONS, chain_has_credentials, make_client, s3_errors
 from pipelines.core.signing.namedkeys import PublicKey, SigningKey
 from pipelines.engine.remote.entries import (
     MAX_INDEX_BYTES,
@@ -84,12 +84,11 @@ class RemoteCache:
     @cached_property
     def client(self) -> S3Client:
         """A boto3 S3 client from the standard AWS chain (made on first use)."""
-        import boto3
+        import botocore
         import botocore.config
 
-        session = boto3.session.Session()
         options = dict(CLIENT_CONFIG)
-        if session.get_credentials() is None:
+        if not chain_has_credentials():
             if self.writable:
                 raise CacheUnreachable(
                     "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY,"
@@ -98,7 +97,8 @@ class RemoteCache:
             # A read-only run without credentials (a fork's pull request): anonymous reads.
             options["signature_version"] = botocore.UNSIGNED
         config = botocore.config.Config(max_pool_connections=WORKERS * 2, **options)
-        return session.client("s3", config=config)
+        client: S3Client = make_client(config)
+        return client
 
     def entry_key(self, key: str) -> str:
         """The object key of a step key's signed index."""

@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import boto3
 import botocore.config
 
 from pipelines.core.errors import BadInput
-from pipelines.core.s3 import MODEL_S3_OPTIONS
+from pipelines.core.s3 import MODEL_S3_OPTIONS, chain_has_credentials, make_client
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
@@ -37,11 +36,11 @@ class S3Url:
 
 def s3_client(pool: int = 32) -> S3Client:
     """A boto3 S3 client from the standard chain (env, AWS_PROFILE, config files)."""
-    session = boto3.session.Session()
-    if session.get_credentials() is None:
+    if not chain_has_credentials():
         raise BadInput(
             "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
             " (for the local profile, `scripts/stack up` provides them)"
         )
     config = botocore.config.Config(max_pool_connections=pool, **MODEL_S3_OPTIONS)
-    return session.client("s3", config=config)
+    client: S3Client = make_client(config)
+    return client

@@ -11,26 +11,47 @@ step's keyed output.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-
-from model_signing import hashing as ms_hashing
-from model_signing import manifest as ms_manifest
-from model_signing._hashing.hashing import Digest
-
-# The key signer and verifier are public only behind a path to a PEM file and a model folder
-# to hash; signing a manifest made from the lock needs the classes themselves.
-from model_signing._signing import sign_ec_key
-from model_signing._signing import signing as ms_signing
-from model_signing._signing.sign_sigstore_pb import Signature
 
 from pipelines.core.errors import PipelineError
 from pipelines.core.files import hash_file, read_capped, write_atomic
 from pipelines.core.modellock import Lock
 from pipelines.stages.weights.modelkeys import ModelPublicKey, ModelSigningKey
+
+
+def without_package_init(name: str) -> None:
+    """Make `name` importable as a package whose __init__ has not run (unless it is imported
+    already): its submodules import as usual, each on its own.
+
+    model_signing's __init__ imports its public API whole, the Sigstore signer and verifier
+    among it (sigstore, tuf, requests, securesystemslib and boto3 behind it): 0.2 s of a build
+    restored from the remote cache (tests/perf/remote_cache.py), for a signing method this
+    project never uses. The modules below need nothing of that __init__ (it only imports them).
+    """
+    if name not in sys.modules:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.submodule_search_locations is None:
+            raise ImportError(f"{name}: not an installed package")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+
+
+without_package_init("model_signing")
+
+from model_signing import hashing as ms_hashing  # noqa: E402
+from model_signing import manifest as ms_manifest  # noqa: E402
+from model_signing._hashing.hashing import Digest  # noqa: E402
+
+# The key signer and verifier are public only behind a path to a PEM file and a model folder
+# to hash; signing a manifest made from the lock needs the classes themselves.
+from model_signing._signing import sign_ec_key  # noqa: E402
+from model_signing._signing import signing as ms_signing  # noqa: E402
+from model_signing._signing.sign_sigstore_pb import Signature  # noqa: E402
 
 # A signature of 54 files is some 10 KiB; one past this is not a signature, and is not parsed.
 SIGNATURE_MAX_BYTES = 1 << 20
