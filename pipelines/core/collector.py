@@ -14,8 +14,8 @@ from __future__ import annotations
 import atexit
 import gc
 
-# Ten times the default: a collection per 7,000 net allocations. A long deploy still collects;
-# each collection frees what cycles left since the last, at most a few MB more than before.
+# Ten times the default: a collection per 7,000 net allocations of tracked objects. A long
+# deploy still collects, each time freeing what cycles were left since the one before.
 YOUNG_THRESHOLD = 7000
 
 
