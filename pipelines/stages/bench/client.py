@@ -43,7 +43,8 @@ def exchange(
     # microsecond between the start and the bytes leaving is added to TTFT.
     data = json.dumps({**body, "stream": True, "stream_options": STREAM_OPTIONS}).encode()
     url, pool = f"{base_url}/v1/chat/completions", http_pool()
-    origin = time.perf_counter()
+    # Both clocks read at one instant: a chunk's wall-clock time is started + its offset.
+    record.started, origin = time.time(), time.perf_counter()
     try:
         response = pool.request(
             "POST",
