@@ -75,6 +75,6 @@ def test_report_html_shows_the_verdict_and_every_cell_in_a_real_browser(tmp_path
     assert taken.returncode == 0 and shot.is_file(), taken.stderr
     with Image.open(shot) as opened:
         image = opened.convert("RGB")
-    pixels = list(image.getdata())
+    pixels = list(image.get_flattened_data())
     inked = sum(1 for px in pixels if sum(px) < 600)  # not near-white
     assert image.size == (1280, 2400) and len(set(pixels)) > 50 and inked > len(pixels) // 100
