@@ -42,7 +42,8 @@ class Replay(http.server.BaseHTTPRequestHandler):
     """Answers as the recorded vLLM did: which answer, by what the request asks."""
 
     protocol_version = "HTTP/1.1"
-    # When each paced stream began (wall clock): the request's arrival, as a server counts it.
+    # When each paced stream began (wall clock): its recorded offsets count from there, as
+    # vLLM's count from a request's arrival.
     arrivals: list[float] = []
 
     def do_GET(self) -> None:
@@ -160,7 +161,7 @@ def test_the_replayed_stream_over_http_matches_the_servers_e2el_and_tpot(vllm):
     assert all(r.ok for r in records) and len(Replay.arrivals) == 3
     # vLLM's E2EL starts when the request arrived, the bench's when it was sent: the time in
     # between (connect, the replay's thread, its parsing) is the loopback's and this machine's,
-    # not the bench's, and was 3 to 10 ms here, 0.2 to 0.5% of this stream (slowest on the
+    # not the bench's, and was 1 to 11 ms here, up to 0.6% of this stream (slowest on the
     # first request's connection, and while the kernel wrote back gigabytes). Each replay
     # says when its stream began; that much is taken off the bench's E2EL. TPOT is read
     # between the first and the last token, so the same shift does not move it.
