@@ -24,6 +24,7 @@ from support.act import (
     ActRun,
     Started,
     finish,
+    silent_failure,
     start_act,
     uv_settings,
     wheelhouse,
@@ -337,3 +338,15 @@ def test_build_rings_pull_request_path_renders_both_ring_profiles_on_this_runner
         job = rf"^\[build/doit build {profile} \(arm64\)[^\]]*\]"
         assert re.search(rf"{job}\s+\S+\s+Success - Main Manifests validated", built.log, re.M)
     assert "Image (buildx" not in built.log  # nothing built or pushed off main
+
+
+def test_a_failed_step_whose_output_act_lost_is_told_from_one_that_printed():
+    job, other = "[deploy/doit deploy tp5-ring]", "[deploy/doit deploy tp3-ring]"
+    run, failed = "\u2b50 Run Main Only main", "  \u274c  Failure - Main Only main [5.1ms]"
+    printed = f"{job} {run}\n{job}   \u2757  ::error::deploy: no profile\n{job} {failed}"
+    assert silent_failure(printed) is None
+    assert silent_failure(f"{job} {run}\n{job} {failed}") == f"{job} Main Only main"
+    # A matrix's jobs interleave: another job's line between is not this step's output.
+    interleaved = f"{job} {run}\n{other}   | pulling\n{job} {failed}"
+    assert silent_failure(interleaved) == f"{job} Main Only main"
+    assert silent_failure(f"{job} {run}\n{job}   \u2705  Success - Main Only main [1ms]") is None

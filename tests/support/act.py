@@ -42,14 +42,66 @@ class ActRun:
 
 @dataclass(frozen=True)
 class Started:
-    """An act run under way: its process, and its folder (the log is folder/act.log)."""
+    """An act run under way: its process, its folder (the log is folder/act.log), and how it
+    was started (to start it again, see finish)."""
 
     process: subprocess.Popen[bytes]
     folder: Path
+    command: list[str]
+    cwd: Path
+    env: dict[str, str]
 
     def log(self) -> str:
         """What act printed so far."""
         return (self.folder / "act.log").read_text(errors="replace")
+
+    def again(self) -> Started:
+        """The same act command started once more, in the same folder (its log anew)."""
+        return launch(self.command, self.cwd, self.env, self.folder)
+
+
+def launch(command: list[str], cwd: Path, env: dict[str, str], folder: Path) -> Started:
+    """act's command started in cwd with env, its output to folder/act.log."""
+    with (folder / "act.log").open("w") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    return Started(process, folder, command, cwd, env)
+
+
+# act logs a step as `[job] ⭐ Run Main NAME`, its output, then `[job]   ❌  Failure - Main NAME
+# [duration]` when it failed.
+STEP_RUN = re.compile(r"^(\[[^\]]+\]) \u2b50 Run (.+)$")
+STEP_FAILED = re.compile(r"^(\[[^\]]+\])\s+\u274c\s+Failure - (.+) \[[^\]]*\]$")
+JOB = re.compile(r"^(\[[^\]]+\])")
+
+
+def silent_failure(log: str) -> str | None:
+    """The first step that failed with no line of output between its start and its failure in
+    act's log (`[job] step`), or None.
+
+    Every failing step of these workflows prints its `::error::` line first, so such a step is
+    act losing it: on the host, act returns from a step that exits non-zero without waiting for
+    the copy of its terminal's output (pkg/container/host_environment.go, exec: the wait on the
+    copy comes after `if err != nil { return err }`), and a step failing within milliseconds can
+    lose all of it.
+    """
+    before: dict[str, str] = {}  # each job's previous line (jobs of a matrix interleave)
+    for line in log.splitlines():
+        failed = STEP_FAILED.match(line)
+        if failed:
+            ran = STEP_RUN.match(before.get(failed[1], ""))
+            if ran and ran[2] == failed[2]:
+                return f"{failed[1]} {failed[2]}"
+        job = JOB.match(line)
+        if job:
+            before[job[1]] = line
+    return None
 
 
 def pinned_actions() -> set[tuple[str, str]]:
@@ -199,20 +251,12 @@ def start_act(
     }
     for name, where in (other_repositories or {}).items():  # as the checkout stand-in names it
         environment["STANDIN_" + re.sub(r"[^A-Z0-9]", "_", name.upper())] = str(where)
-    with (folder / "act.log").open("w") as log:
-        process = subprocess.Popen(
-            command,
-            cwd=checkout,
-            env=environment,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    return Started(process, folder)
+    return launch(command, checkout, environment, folder)
 
 
-def finish(started: Started, timeout: float = TIMEOUT_S) -> ActRun:
-    """The run once act has exited (killed past timeout)."""
+def finish(started: Started, timeout: float = TIMEOUT_S, again: bool = True) -> ActRun:
+    """The run once act has exited (killed past timeout); run once more where act lost the
+    output of a failed step (silent_failure), its first log kept as act.lost.log."""
     try:
         returncode = started.process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -220,6 +264,11 @@ def finish(started: Started, timeout: float = TIMEOUT_S) -> ActRun:
         started.process.wait()
         raise
     log = started.log()
+    lost = silent_failure(log)
+    if lost is not None and again:
+        print(f"act lost the output of the failed step {lost}: running the workflow again")
+        (started.folder / "act.lost.log").write_text(log)
+        return finish(started.again(), timeout, again=False)
     return ActRun(returncode, log, job_summaries(log), started.folder / "artifacts")
 
 
