@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 from support import http_double
 
+from pipelines.stages.bench import client
 from pipelines.stages.bench.client import stream_chat, take_chunk
 from pipelines.stages.bench.probes import (
     WEATHER_TOOL,
@@ -180,8 +181,6 @@ def test_the_replayed_stream_over_http_matches_the_servers_e2el_and_tpot(vllm):
 
 
 def test_a_records_start_is_when_its_request_left_not_when_it_was_encoded(vllm, monkeypatch):
-    from pipelines.stages.bench import client
-
     def slow_dumps(value: object) -> str:
         time.sleep(0.05)  # a big body's encoding
         return json.dumps(value)

@@ -254,7 +254,7 @@ def start_act(
     return launch(command, checkout, environment, folder)
 
 
-def finish(started: Started, timeout: float = TIMEOUT_S, again: bool = True) -> ActRun:
+def finish(started: Started, timeout: float = TIMEOUT_S, rerun_lost: bool = True) -> ActRun:
     """The run once act has exited (killed past timeout); run once more where act lost the
     output of a failed step (silent_failure), its first log kept as act.lost.log."""
     try:
@@ -265,10 +265,10 @@ def finish(started: Started, timeout: float = TIMEOUT_S, again: bool = True) -> 
         raise
     log = started.log()
     lost = silent_failure(log)
-    if lost is not None and again:
+    if lost is not None and rerun_lost:
         print(f"act lost the output of the failed step {lost}: running the workflow again")
         (started.folder / "act.lost.log").write_text(log)
-        return finish(started.again(), timeout, again=False)
+        return finish(started.again(), timeout, rerun_lost=False)
     return ActRun(returncode, log, job_summaries(log), started.folder / "artifacts")
 
 
