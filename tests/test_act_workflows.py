@@ -43,6 +43,12 @@ REPOSITORY = "lab/sparkforge"  # github.repository, as the workflow_run payloads
 PLACEHOLDER_DIGEST = "sha256:" + "0" * 64
 # The verdict of a bench that passed, for the local profiles (no RoCE fabric to check).
 NO_FABRIC_PASSED = "passed the gate (the profile has no fabric to check)"
+# This module runs in the parallel lane, where the simulator shares two cores with emulated
+# builds: in one CI run the c8 cell's aggregate read 12% under its baseline (tolerance 10%),
+# every stream decoding at its rate, the wave half a second longer than the simulator's model.
+# What these tests hold is the workflows' plumbing (a verdict recorded, a regression failing
+# the job); the gate's margins are held in the timing lane (tests/test_bench_gate.py).
+SHARED_CORES_TOLERANCE = 0.5
 PIP_CACHE = os.environ.get("PIP_CACHE_DIR") or str(Path.home() / ".cache" / "pip")
 
 
@@ -56,6 +62,9 @@ def lab(stack, tmp_path_factory, docker_client):
     for name in ("local", "local-ring"):
         profile = yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text())
         profile["simulator"]["port"] = spare_ports(len(profile["members"]))
+        for entry in profile["bench"]["baseline"]:
+            if entry["tolerance"] > 0:
+                entry["tolerance"] = SHARED_CORES_TOLERANCE
         if name == "local-ring":
             # Two members on one host stage the weights (deploy.yml's stage_ring) only with a
             # folder and a link address each, as two hosts would have (tests/test_deploy_staging).
@@ -270,7 +279,8 @@ def test_a_bench_made_to_regress_fails_the_job_with_the_gate_line(lab):
     stricter = json.loads(json.dumps(profile))
     for entry in stricter["bench"]["baseline"]:
         if entry["metric"] == "decode.c1.median_window_tok_s":
-            entry["value"] = 600.0  # the simulator decodes at 400: a third below the baseline
+            # The simulator decodes at 400: a third below the baseline, beyond its own 5%.
+            entry.update(value=600.0, tolerance=0.05)
     path.write_text(yaml.safe_dump(stricter))
     try:
         benched = act(lab, "bench.yml", "workflow_dispatch", dispatch("local"), "bench-regress")
