@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-import devstack as local_stack
+# pytest keeps each test module's rewritten asserts as bytecode only where Python may write it;
+# with PYTHONDONTWRITEBYTECODE set (as on this project's machines) every worker rewrote every
+# test and support module anew, 4 to 5 CPU s each. This process only: the commands the tests
+# run keep the setting.
+sys.dont_write_bytecode = False
+
+import devstack as local_stack  # noqa: E402
 
 # The measurement helpers of tests/perf/ (read_chars, the full-size model shape) serve the tests.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "perf"))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from conftest import LONGEST_FIRST, RING_FILES, SPLIT_FILES, run_order, xdist_scope
@@ -61,3 +63,16 @@ def test_the_test_command_runs_the_timing_tests_alone_after_the_rest():
     assert " -n " in lines[parallel]
     alone = next(i for i, line in enumerate(lines) if "-m timing" in line)
     assert parallel < alone and " -n " not in lines[alone]
+
+
+def test_a_workers_rewritten_test_modules_are_kept_where_python_writes_no_bytecode(tmp_path):
+    # Each worker imports every test module; without kept bytecode it rewrote their asserts
+    # anew, 4 to 5 CPU s a worker.
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": str(tmp_path)}
+    collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    result = subprocess.run(
+        [*collect, str(TESTS / "test_lanes.py")], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    kept = {path.name.split(".")[0] for path in tmp_path.rglob("*-pytest-*.pyc")}
+    assert "test_lanes" in kept, sorted(kept)
