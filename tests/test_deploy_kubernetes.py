@@ -582,8 +582,8 @@ def test_the_ring_staging_jobs_wait_on_their_own_timeout_not_the_deploys(world, 
     from pipelines.stages.deploy.kubernetes import Kubernetes
 
     folder = staged_tp3_documents(tmp_path / "render")
-    # Member 0 stages for 1500 reads (seconds here): far past the deploy's 0.2 s.
-    slow = [job_status("Running")] * 1500 + [job_status("Complete")]
+    # Member 0 stages for 400 reads, each after a 1 ms poll: over twice the deploy's 0.2 s.
+    slow = [job_status("Running")] * 400 + [job_status("Complete")]
     world.double.script("Job", "dsv41-flash-stage-weights-0", slow)
 
     def apply(stage_timeout_s: float) -> None:
@@ -605,8 +605,8 @@ def test_the_ring_staging_jobs_wait_on_their_own_timeout_not_the_deploys(world, 
 
 def test_the_models_download_waits_on_the_staging_timeout_not_the_deploys(world):
     # The shipped tp3 lock is not complete: the operator downloads the model (460 GB) itself,
-    # here for 1500 reads, far past the deploy's 0.2 s.
-    slow = [{"phase": "Downloading"}] * 1500 + [{"phase": "Ready"}]
+    # here for 400 reads, each after a 1 ms poll: over twice the deploy's 0.2 s.
+    slow = [{"phase": "Downloading"}] * 400 + [{"phase": "Ready"}]
     world.double.script("Model", "dsv41-flash-exl3", slow)
     with pytest.raises(DeployError) as short:
         deploy(world, IMAGE_A, timeout_s=60.0, stage_timeout_s=0.2)
