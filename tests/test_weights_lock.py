@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
+from pathlib import Path
 
 import pytest
 from keying import read_chars
@@ -25,6 +27,17 @@ def test_no_op_check_of_a_full_size_lock_reads_no_file_bytes(tmp_path):
     before = read_chars()
     assert noop_check(blobs, lock, folder)
     assert read_chars() - before < 1 << 20
+
+
+def test_the_no_op_benchmark_says_in_one_line_which_command_failed_and_why(tmp_path):
+    from noop import one_run
+
+    fails = [sys.executable, "-c", "import sys; print('first'); sys.exit('stack: not running')"]
+    with pytest.raises(SystemExit) as stopped:
+        one_run(fails, tmp_path)
+    said = str(stopped.value)
+    assert said.startswith(f"noop: `{Path(sys.executable).name} -c import sys;")
+    assert said.endswith(f" in {tmp_path} exited 1: stack: not running") and "\n" not in said
 
 
 def test_cache_key_follows_the_operator_convention():

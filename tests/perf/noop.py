@@ -70,8 +70,13 @@ def one_run(argv: list[str], tree: Path) -> float:
     """Wall seconds of one whole process in a checkout (the stack is this checkout's)."""
     env = {**os.environ, "SPARKFORGE_STACK_DIR": str(REPO / ".stack")}
     start = time.perf_counter()
-    subprocess.run(argv, cwd=tree, env=env, capture_output=True, check=True)
-    return time.perf_counter() - start
+    done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True)
+    took = time.perf_counter() - start
+    if done.returncode != 0:
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["no output"]
+        command = " ".join(Path(argv[0]).name if i == 0 else a for i, a in enumerate(argv))
+        raise SystemExit(f"noop: `{command}` in {tree} exited {done.returncode}: {said[0]}")
+    return took
 
 
 def report_processes(trees: dict[str, Path]) -> None:
