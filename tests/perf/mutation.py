@@ -212,12 +212,15 @@ def shared_synthetic() -> Iterator[dict[str, str]]:
     group (tests/test_weights.py would upload it per run: 5 s each); deleted afterwards."""
     sys.path.insert(0, str(REPO))
     import devstack
+    from devstack.settings import StackDown
     from pipelines.stages.weights.synthetic import SyntheticShape, upload_synthetic
 
     stack_dir = stack_folder()
-    client = devstack.s3_client(
-        devstack.read_endpoints(stack_dir), devstack.s3_credentials(stack_dir)
-    )
+    try:
+        endpoints = devstack.read_endpoints(stack_dir)
+    except StackDown as down:
+        raise SystemExit(f"mutation: {down}") from None
+    client = devstack.s3_client(endpoints, devstack.s3_credentials(stack_dir))
     prefix = f"mutation-{uuid.uuid4().hex[:8]}"
     source = f"s3://models/{prefix}/DeepSeek-V4.1-Flash-synthetic"
     try:

@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from support.registry_repos import delete_repository  # noqa: E402
 
 import devstack  # noqa: E402
+from devstack.settings import StackDown  # noqa: E402
 from pipelines.core.signing.namedkeys import keygen  # noqa: E402
 
 BUCKET = "models"
@@ -72,7 +73,10 @@ def step_times(output: str, verb: str) -> dict[str, float]:
 
 def main() -> None:
     """Cold, then restored; the table and the ratio."""
-    endpoints = devstack.read_endpoints()
+    try:
+        endpoints = devstack.read_endpoints()
+    except StackDown as down:
+        raise SystemExit(f"remote_cache: {down}") from None
     devstack.export_s3_environment()
     s3 = devstack.s3_client(endpoints, devstack.s3_credentials())
     prefix = f"perf-remote-cache-{uuid.uuid4().hex[:8]}"
