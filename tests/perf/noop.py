@@ -74,7 +74,7 @@ def one_run(argv: list[str], tree: Path) -> float:
     took = time.perf_counter() - start
     if done.returncode != 0:
         said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["no output"]
-        command = " ".join(Path(argv[0]).name if i == 0 else a for i, a in enumerate(argv))
+        command = " ".join([Path(argv[0]).name, *argv[1:]])
         raise SystemExit(f"noop: `{command}` in {tree} exited {done.returncode}: {said[0]}")
     return took
 
