@@ -56,7 +56,11 @@ class Started:
         return (self.folder / "act.log").read_text(errors="replace")
 
     def again(self) -> Started:
-        """The same act command started once more, in the same folder (its log anew)."""
+        """The same act command started once more, in the same folder (its log anew, the first
+        run's artifacts moved to artifacts.lost, so a test counts only the second run's)."""
+        artifacts = self.folder / "artifacts"
+        artifacts.rename(self.folder / "artifacts.lost")
+        artifacts.mkdir()
         return launch(self.command, self.cwd, self.env, self.folder)
 
 
