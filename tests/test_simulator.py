@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
+import signal
 import socket
 import subprocess
 import threading
@@ -413,6 +415,31 @@ def test_client_gone_mid_stream_frees_its_slot(start) -> None:
     assert metrics(sim)["vllm:num_requests_running"] == 0.0
     assert truth(sim)[-1]["status"] == "aborted"
     assert chat(sim, "next", max_tokens=2)["usage"]["completion_tokens"] == 2
+
+
+def test_as_a_containers_first_process_a_stop_signal_ends_it_at_once_with_exit_0(
+    tmp_path: Path,
+) -> None:
+    # PID 1 of a PID namespace, as in its container: the kernel drops a signal it has no
+    # handler for, so `docker stop` would wait its whole grace period, then SIGKILL (137).
+    env = {"SIM_MODEL_DIR": str(make_model(tmp_path / "model")), "SIM_PORT": "0"}
+    first = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", *COMMAND],
+        cwd=IMAGE_DIR, env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert "serving" in first.stderr.readline()
+        (inside,) = Path(f"/proc/{first.pid}/task/{first.pid}/children").read_text().split()
+        started = time.monotonic()
+        os.kill(int(inside), signal.SIGTERM)
+        try:
+            status = first.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the simulator as PID 1 ignored SIGTERM for 5 s", pytrace=False)
+        assert status == 0 and time.monotonic() - started < 2
+    finally:
+        first.kill()
+        first.wait()
 
 
 def test_rendered_launch_plan_sets_every_timing_field_the_server_reads() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -21,6 +22,11 @@ class Server(ThreadingHTTPServer):
     request_queue_size = 256
 
 
+def stop(signum: int, frame: object) -> None:
+    """Leave serve_forever: a stop signal ends the server (its streams with it), exit 0."""
+    sys.exit(0)
+
+
 def main(argv: list[str]) -> None:
     """Serve SIM_MODEL_DIR, or with `--write-tokenizer DIR` write the tokenizer files there."""
     settings = Settings.from_env(dict(os.environ))
@@ -35,6 +41,10 @@ def main(argv: list[str]) -> None:
     # A thread whose token is due must not wait 5 ms (the default) for another's GIL slice.
     sys.setswitchinterval(0.0005)
     server = Server((settings.host, settings.port), Handler)
+    # In its container the simulator is the first process (PID 1), to which the kernel delivers
+    # no signal it has no handler for: `docker stop`'s SIGTERM would be ignored, and every
+    # redeploy and rollback would wait the whole grace period (10 s) for the engine's SIGKILL.
+    signal.signal(signal.SIGTERM, stop)
     print(
         f"simulator: serving {settings.served_name} from {settings.model_dir} on"
         f" {settings.host}:{server.server_address[1]}",
