@@ -9,9 +9,11 @@ import hashlib
 import json
 import os
 import pty
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -21,8 +23,9 @@ import pytest
 import urllib3.response
 from keying import read_chars
 from support.model_bucket import fetch, fresh_source
+from support.ports import spare_ports
 
-from pipelines.core.errors import PipelineError
+from pipelines.core.errors import INTERRUPTED, PipelineError
 from pipelines.core.modellock import (
     Lock,
     cache_key,
@@ -38,6 +41,7 @@ from pipelines.stages.weights.blobs import BlobStore
 from pipelines.stages.weights.fetch import FetchError, fetch_lock, plan_ranges
 from pipelines.stages.weights.options import FetchOptions
 from pipelines.stages.weights.ranges import direct_readinto, fill
+from pipelines.stages.weights.ringplan import RingNode, plan_json, plan_ring
 from pipelines.stages.weights.s3 import S3Url
 from pipelines.stages.weights.sources import S3Source
 from pipelines.stages.weights.stage import is_staged, stage, stage_plan
@@ -458,6 +462,50 @@ def test_ctrl_c_while_a_large_prefix_is_read_back_stops_without_reading_it_all(
         signal.signal(signal.SIGINT, previous)
     assert fetcher.report.read_back < entry.size // 4
     assert part.stat().st_size == entry.size - (1 << 20)  # kept, to resume from
+
+
+def test_the_ring_member_as_a_containers_first_process_stops_on_sigterm_as_on_ctrl_c(
+    synthetic, stack_env, tmp_path
+):
+    # PID 1 of a PID namespace, as in its container, where `docker stop` sends SIGTERM: the
+    # kernel drops a signal PID 1 has no handler for, and the engine would SIGKILL it later.
+    _, lock = synthetic
+    entries = [(e.name, e.locked_size, e.locked_sha256) for e in lock.files]
+    # The second member never starts: the first fetches its share, then waits for the rest.
+    nodes = [RingNode("spark-a", "127.0.0.1", {}), RingNode("spark-b", "127.0.0.2", {})]
+    plan = plan_ring(lock.model, lock.source, "0" * 64, entries, nodes, spare_ports())
+    (tmp_path / "plan.json").write_text(plan_json(plan))
+    # Its blob server's workers run as nobody and must enter the store (pytest's tmp is 0700).
+    served = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    served.chmod(0o711)
+    root = served / "weights"
+    plan_file = tmp_path / "plan.json"
+    argv = [sys.executable, "-m", "pipelines.stages.weights.ring", "--plan", str(plan_file),
+            "--rank", "0", "--root", str(root), "--interval", "1"]  # fmt: skip
+    first = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", *argv],
+        cwd=REPO, env={**os.environ, **stack_env}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert first.stdout is not None
+        said = [first.stdout.readline()]
+        assert "serving on" in said[0], said
+        (inside,) = Path(f"/proc/{first.pid}/task/{first.pid}/children").read_text().split()
+        os.kill(int(inside), signal.SIGTERM)
+        # Ignored, it would wait the whole peer wait (30 minutes): long enough for a loaded
+        # machine, far shorter than that.
+        try:
+            status = first.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the ring member as PID 1 ignored SIGTERM for 60 s", pytrace=False)
+        said += first.stdout.readlines()
+        assert status == INTERRUPTED, said
+        assert not list((root / "blobs" / "sha256").glob(".*")), "a temp file left behind"
+    finally:
+        first.kill()
+        first.wait()
+        shutil.rmtree(served)
 
 
 def test_a_partial_file_that_is_already_whole_is_stored_without_downloading(s3, synthetic, blobs):
