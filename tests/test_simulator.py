@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import re
-import signal
 import socket
 import subprocess
 import threading
@@ -20,6 +18,7 @@ import pytest
 import requests
 import tokenizers
 from sim_server import COMMAND, IMAGE_DIR, PACKAGE, Sim, make_model
+from support.first_process import first_process, stop
 
 FAST = {"SIM_TTFT_S": "0.005", "SIM_DECODE_TOK_S": "5000"}
 USAGE = {"include_usage": True, "continuous_usage_stats": True}
@@ -420,26 +419,12 @@ def test_client_gone_mid_stream_frees_its_slot(start) -> None:
 def test_as_a_containers_first_process_a_stop_signal_ends_it_with_exit_0(
     tmp_path: Path,
 ) -> None:
-    # PID 1 of a PID namespace, as in its container: the kernel drops a signal it has no
-    # handler for, so `docker stop` would wait its whole grace period, then SIGKILL (137).
+    # As in its container: ignored, `docker stop` would wait its whole grace period, then
+    # SIGKILL (137). Ignored, it would never end: 30 s is long enough for a loaded machine.
     env = {"SIM_MODEL_DIR": str(make_model(tmp_path / "model")), "SIM_PORT": "0"}
-    first = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--kill-child", *COMMAND],
-        cwd=IMAGE_DIR, env=env, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert "serving" in first.stderr.readline()
-        (inside,) = Path(f"/proc/{first.pid}/task/{first.pid}/children").read_text().split()
-        os.kill(int(inside), signal.SIGTERM)
-        # Ignored, it would never end: the wait is long enough for a loaded machine.
-        try:
-            status = first.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the simulator as PID 1 ignored SIGTERM for 30 s", pytrace=False)
-        assert status == 0
-    finally:
-        first.kill()
-        first.wait()
+    with first_process(COMMAND, cwd=IMAGE_DIR, env=env, stderr=subprocess.PIPE) as sim:
+        assert sim.stderr is not None and "serving" in sim.stderr.readline()
+        assert stop(sim, "the simulator", 30) == 0
 
 
 def test_rendered_launch_plan_sets_every_timing_field_the_server_reads() -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import urllib3.response
 from keying import read_chars
+from support.first_process import first_process, stop
 from support.model_bucket import fetch, fresh_source
 from support.ports import spare_ports
 
@@ -474,37 +475,28 @@ def test_the_ring_member_as_a_containers_first_process_stops_on_sigterm_as_on_ct
     # The second member never starts: the first fetches its share, then waits for the rest.
     nodes = [RingNode("spark-a", "127.0.0.1", {}), RingNode("spark-b", "127.0.0.2", {})]
     plan = plan_ring(lock.model, lock.source, "0" * 64, entries, nodes, spare_ports())
-    (tmp_path / "plan.json").write_text(plan_json(plan))
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(plan_json(plan))
     # Its blob server's workers run as nobody and must enter the store (pytest's tmp is 0700).
     served = Path(tempfile.mkdtemp(dir="/var/tmp"))
     served.chmod(0o711)
     root = served / "weights"
-    plan_file = tmp_path / "plan.json"
     argv = [sys.executable, "-m", "pipelines.stages.weights.ring", "--plan", str(plan_file),
             "--rank", "0", "--root", str(root), "--interval", "1"]  # fmt: skip
-    first = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--kill-child", *argv],
-        cwd=REPO, env={**os.environ, **stack_env}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    env = {**os.environ, **stack_env}
     try:
-        assert first.stdout is not None
-        said = [first.stdout.readline()]
-        assert "serving on" in said[0], said
-        (inside,) = Path(f"/proc/{first.pid}/task/{first.pid}/children").read_text().split()
-        os.kill(int(inside), signal.SIGTERM)
-        # Ignored, it would wait the whole peer wait (30 minutes): long enough for a loaded
-        # machine, far shorter than that.
-        try:
-            status = first.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the ring member as PID 1 ignored SIGTERM for 60 s", pytrace=False)
-        said += first.stdout.readlines()
+        with first_process(
+            argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        ) as member:
+            assert member.stdout is not None
+            said = [member.stdout.readline()]
+            assert "serving on" in said[0], said
+            # Ignored, it would wait the whole peer wait (30 minutes).
+            status = stop(member, "the ring member", 60)
+            said += member.stdout.readlines()
         assert status == INTERRUPTED, said
         assert not list((root / "blobs" / "sha256").glob(".*")), "a temp file left behind"
     finally:
-        first.kill()
-        first.wait()
         shutil.rmtree(served)
 
 
