@@ -101,7 +101,7 @@ def run_order(name: str, with_services: bool) -> tuple[int, bool]:
 
 
 # Files whose parametrized builds each take minutes: each parameter is a scope of its own, so
-# several workers share the file (the plain builds they compare with are made once per session:
+# several workers share the file (the builds they share are made once per session:
 # support/reproducible.py).
 SPLIT_FILES = {"test_reproducible.py", "test_reproducible_arm64_bases.py"}
 

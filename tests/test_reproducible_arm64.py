@@ -13,11 +13,10 @@ from support.ports import spare_ports
 from support.reproducible import (
     REPO,
     assert_one_digest,
-    assert_recorded,
+    assert_reproduces_record,
     bases_in_registry,
-    clean_build,
     fail_without_emulation,
-    plain_builds,
+    session_builds,
     variation_id,
 )
 from support.stages import ImageAt
@@ -35,14 +34,13 @@ from pipelines.stages.deploy.ringstage import (
 from pipelines.stages.weights.ringplan import RingNode, plan_json, plan_ring
 
 # Emulated debootstraps take minutes each on a loaded 2-core machine, and a test may wait for
-# the plain build another worker is making (support/reproducible.py): a hang is still stopped.
+# the base another worker is making (support/reproducible.py): a hang is still stopped.
 pytestmark = pytest.mark.timeout(1800)
 PLATFORM, ARCH = "linux/arm64", "arm64"
 DEBS = REPO / ".cache" / "debs"
-VARIED = [
-    ("image", "weights-stager", DAYS),  # its wheels come over TLS: see test_reproducible.py
-    ("image", "local-sim", YEARS),
-]
+# Built under the variation, its digest the one recorded for its key (test_reproducible.py).
+RECORDED = [("image", "weights-stager", DAYS)]  # its wheels come over TLS: test_reproducible.py
+VARIED = [("image", "local-sim", YEARS)]  # not recorded: compared with a plain build
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -52,29 +50,30 @@ def emulation():
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory):
-    """The plain clean build of (kind, image), made once for the module."""
-    return plain_builds(PLATFORM, tmp_path_factory, DEBS)
+def builds(tmp_path_factory):
+    """The session's clean builds of (kind, image) under a variation, each made once."""
+    return session_builds(PLATFORM, tmp_path_factory, DEBS)
 
 
 @pytest.fixture(scope="module")
-def with_bases(stack, plain, tmp_path_factory):
-    """The images' arm64 bases in the tests' registry."""
-    bases_in_registry(stack, ["weights-stager"], PLATFORM, tmp_path_factory, plain)
+def with_bases(stack, builds, tmp_path_factory):
+    """The images' arm64 bases in the tests' registry (test_reproducible_arm64_bases.py's)."""
+    bases_in_registry(stack, ["weights-stager"], PLATFORM, tmp_path_factory, builds, YEARS)
+
+
+@pytest.mark.parametrize(("kind", "image", "variation"), RECORDED, ids=variation_id)
+def test_an_arm64_image_built_under_other_conditions_gives_the_digest_recorded_for_its_key(
+    kind, image, variation, builds, with_bases
+):
+    assert_reproduces_record(kind, image, ARCH, variation, builds)
 
 
 @pytest.mark.parametrize(("kind", "image", "variation"), VARIED, ids=variation_id)
 def test_two_clean_arm64_builds_of_an_image_under_other_conditions_give_one_digest(
-    kind, image, variation, plain, with_bases, tmp_path
+    kind, image, variation, builds, with_bases
 ):
-    varied = clean_build(kind, image, PLATFORM, variation, tmp_path, DEBS)
-    assert_one_digest(plain(kind, image), varied, f"{kind} {image} {ARCH}", variation)
-
-
-def test_the_arm64_digest_of_weights_stager_is_the_one_recorded_for_its_key(plain, with_bases):
-    assert_recorded(
-        "image", "weights-stager", ARCH, plain("image", "weights-stager"), [DAYS.describe()]
-    )
+    what = f"{kind} {image} {ARCH}"
+    assert_one_digest(builds(kind, image), builds(kind, image, variation), what, variation)
 
 
 @pytest.fixture(scope="module")

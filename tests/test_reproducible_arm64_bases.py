@@ -1,5 +1,5 @@
-"""The Sparks' architecture, built here under emulation (qemu-user-static): the arm64 Debian
-bases give one digest per key whatever the build's conditions, the digest recorded for it.
+"""The Sparks' architecture, built here under emulation (qemu-user-static): an arm64 Debian
+base built under other conditions gives the digest recorded for its key.
 (tests/test_reproducible_arm64.py: the images on them; apart, so two workers share the work.)"""
 
 from __future__ import annotations
@@ -7,23 +7,22 @@ from __future__ import annotations
 import pytest
 from support.reproducible import (
     REPO,
-    assert_one_digest,
-    assert_recorded,
-    clean_build,
+    assert_reproduces_record,
     fail_without_emulation,
-    plain_builds,
+    session_builds,
     variation_id,
 )
 from support.variations import YEARS
 
 # Emulated debootstraps take minutes each on a loaded 2-core machine, and a test may wait for
-# the plain build another worker is making (support/reproducible.py): a hang is still stopped.
+# the base another worker is making (support/reproducible.py): a hang is still stopped.
 pytestmark = pytest.mark.timeout(1800)
 PLATFORM, ARCH = "linux/arm64", "arm64"
 DEBS = REPO / ".cache" / "debs"
 # The one base of both images (local-sim's is weights-stager's: base same_as): each emulated
-# debootstrap is minutes of CPU, so one variation here, both on amd64 (test_reproducible.py).
-VARIED = [("base", "weights-stager", YEARS)]
+# debootstrap is minutes of CPU, so one variation here, both on amd64 (test_reproducible.py);
+# the images' module takes this build as their base.
+RECORDED = [("base", "weights-stager", YEARS)]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -33,21 +32,14 @@ def emulation():
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory):
-    """The plain clean build of (kind, image), made once for the module."""
-    return plain_builds(PLATFORM, tmp_path_factory, DEBS)
+def builds(tmp_path_factory):
+    """The session's clean builds of (kind, image) under a variation, each made once."""
+    return session_builds(PLATFORM, tmp_path_factory, DEBS)
 
 
 @pytest.mark.stack  # builds of a Debian base, minutes: not the fast lane
-@pytest.mark.parametrize(("kind", "image", "variation"), VARIED, ids=variation_id)
-def test_two_clean_arm64_builds_of_a_base_under_other_conditions_give_one_digest(
-    kind, image, variation, plain, tmp_path
+@pytest.mark.parametrize(("kind", "image", "variation"), RECORDED, ids=variation_id)
+def test_an_arm64_base_built_under_other_conditions_gives_the_digest_recorded_for_its_key(
+    kind, image, variation, builds
 ):
-    varied = clean_build(kind, image, PLATFORM, variation, tmp_path, DEBS)
-    assert_one_digest(plain(kind, image), varied, f"{kind} {image} {ARCH}", variation)
-
-
-@pytest.mark.stack  # as above
-@pytest.mark.parametrize(("kind", "image", "variation"), VARIED, ids=variation_id)
-def test_the_arm64_digest_of_a_base_is_the_one_recorded_for_its_key(kind, image, variation, plain):
-    assert_recorded(kind, image, ARCH, plain(kind, image), [variation.describe()])
+    assert_reproduces_record(kind, image, ARCH, variation, builds)

@@ -13,11 +13,12 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 import yaml
 from support.image_diff import image_differences
-from support.variations import Variation, listed_in_another_order, missing_tools
+from support.variations import PLAIN, Variation, listed_in_another_order, missing_tools
 
 REPO = Path(__file__).resolve().parent.parent.parent
 RECORD = REPO / "tests" / "data" / "images" / "digests.yaml"
@@ -31,6 +32,12 @@ class Build:
     key: str
     digest: str
     folder: Path
+
+
+class Builds(Protocol):
+    """clean_build of (kind, image) under a variation, made once per session."""
+
+    def __call__(self, kind: str, image: str, variation: Variation = PLAIN) -> Build: ...
 
 
 def clean_build(
@@ -75,37 +82,51 @@ def assert_one_digest(first: Build, second: Build, what: str, variation: Variati
         )
 
 
-def assert_recorded(kind: str, image: str, arch: str, build: Build, tried: list[str]) -> None:
-    """The digest recorded for this key where the project is developed is this build's."""
+def assert_reproduces_record(
+    kind: str, image: str, arch: str, variation: Variation, builds: Builds
+) -> None:
+    """A clean build of (kind, image) under variation gives the digest recorded for its key
+    where the project is developed (a plain build's, another day, another machine): two builds
+    under other conditions, one of them recorded. Only where that fails is a plain build made
+    here, to tell a build the variation changes (what differs, file and field) from a key not
+    recorded yet (the entry to record) or a record this machine does not reproduce."""
+    varied = builds(kind, image, variation)
     name = f"{image}-base" if kind == "base" else image
-    records = yaml.safe_load(RECORD.read_text()) or {}
-    recorded = records.get(name, {}).get(arch)
-    entry = {
-        name: {
-            arch: {
-                "key": build.key,
-                "digest": build.digest,
-                "measured": datetime.date.today().isoformat(),
-                "variations": tried,
-            }
+    recorded = (yaml.safe_load(RECORD.read_text()) or {}).get(name, {}).get(arch)
+    if recorded and [recorded["key"], recorded["digest"]] == [varied.key, varied.digest]:
+        return
+    plain = builds(kind, image, PLAIN)
+    assert_one_digest(plain, varied, f"{kind} {image} {arch}", variation)
+    where = RECORD.relative_to(REPO)
+    if recorded is None or recorded["key"] != plain.key:
+        entry = {
+            "key": plain.key,
+            "digest": plain.digest,
+            "measured": datetime.date.today().isoformat(),
+            "variations": [variation.describe()],
         }
-    }
-    assert recorded is not None and recorded["key"] == build.key, (
-        f"{RECORD.relative_to(REPO)}: no digest recorded for {name} {arch} key {build.key};"
-        " once its builds under varied conditions agree, record:\n"
-        + yaml.safe_dump(entry, sort_keys=False, width=200)
-    )
-    assert build.digest == recorded["digest"], (
-        f"{name} {arch}: key {build.key[:16]} gave {build.digest} here, where"
-        f" {RECORD.relative_to(REPO)} records {recorded['digest']} ({recorded['measured']})"
+        record = yaml.safe_dump({name: {arch: entry}}, sort_keys=False, width=200)
+        pytest.fail(
+            f"{where}: no digest recorded for {name} {arch} key {plain.key}; a plain build and"
+            f" one under other conditions agreed here; where the project is developed, record:\n"
+            + record,
+            pytrace=False,
+        )
+    pytest.fail(
+        f"{name} {arch}: key {plain.key[:16]} gave {plain.digest} here (plain and under"
+        f" {variation.describe()}), where {where} records {recorded['digest']}"
+        f" ({recorded['measured']})",
+        pytrace=False,
     )
 
 
-def bases_in_registry(stack, images: list[str], platform: str, tmp_path_factory, plain) -> None:
-    """Each image's base for platform in the tests' registry under its step's key: the plain
-    clean build of it (plain, shared by the session's workers), pushed by the step's own cache
+def bases_in_registry(
+    stack, images: list[str], platform: str, tmp_path_factory, builds: Builds, variation: Variation
+) -> None:
+    """Each image's base for platform in the tests' registry under its step's key: the session's
+    clean build of it under variation (shared by its workers), pushed by the step's own cache
     where the registry lacks the key. One debootstrap per base and architecture in a run, not
-    two: the plain build is the one the reproducibility tests compare anyway."""
+    two: a build the reproducibility tests compare anyway."""
     from support.stages import ImageAt
 
     from pipelines.core.site import Site
@@ -117,7 +138,7 @@ def bases_in_registry(stack, images: list[str], platform: str, tmp_path_factory,
         engine = Engine(Store(tmp_path_factory.mktemp("base-store")))
         step = ImageAt(REPO / "images" / image, platform, engine, site).base_step
         assert step is not None and step.cache is not None
-        built = plain("base", image)
+        built = builds("base", image, variation)
         assert built.key == engine.key(step), f"{image} base {platform}: the step's key moved"
         if not step.cache.has(built.key):
             with tempfile.TemporaryDirectory() as work:
@@ -126,23 +147,21 @@ def bases_in_registry(stack, images: list[str], platform: str, tmp_path_factory,
         engine.run(step)  # finds its key's tag: builds nothing
 
 
-def plain_builds(platform: str, tmp_path_factory, debs: Path):
-    """clean_build under no variation for (kind, image), each made once per session: the first
-    worker to ask builds it (under a lock), the others read what it wrote."""
-    from support.variations import PLAIN
-
+def session_builds(platform: str, tmp_path_factory, debs: Path) -> Builds:
+    """clean_build for (kind, image, variation), each made once per session: the first worker
+    to ask builds it (under a lock), the others read what it wrote."""
     base = tmp_path_factory.getbasetemp()
     # Under pytest-xdist each worker's basetemp is a folder of the session's own.
-    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "plain-builds"
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "builds"
     shared.mkdir(exist_ok=True)
 
-    def build(kind: str, image: str) -> Build:
-        name = f"{kind}-{image}-{platform.replace('/', '-')}"
+    def build(kind: str, image: str, variation: Variation = PLAIN) -> Build:
+        name = f"{kind}-{image}-{platform.replace('/', '-')}-{variation.name}"
         result = shared / f"{name}.json"
         with (shared / f"{name}.lock").open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another worker building it: wait for its result
             if not result.exists():
-                made = clean_build(kind, image, platform, PLAIN, shared, debs)
+                made = clean_build(kind, image, platform, variation, shared, debs)
                 result.write_text(json.dumps({**asdict(made), "folder": str(made.folder)}))
             recorded = json.loads(result.read_text())
         return Build(recorded["key"], recorded["digest"], Path(recorded["folder"]))
