@@ -75,14 +75,14 @@ def local_base(stack, registry, site, tmp_path_factory):
     """The debootstrap base of local-sim (weights-stager's): the session's one clean build of
     it (support/reproducible.py, the one test_reproducible.py checks), which the registry then
     keeps by key."""
-    from support.reproducible import REPO, bases_in_registry, session_builds
+    from support.reproducible import REPO, in_registry, session_builds
     from support.variations import YEARS
 
     from pipelines.stages.images.inputs import debian_arch
 
     native = f"linux/{debian_arch()}"
     builds = session_builds(native, tmp_path_factory, REPO / ".cache" / "debs")
-    bases_in_registry(stack, ["weights-stager"], native, tmp_path_factory, builds, YEARS)
+    in_registry(stack, "base", "weights-stager", native, tmp_path_factory, builds, YEARS)
     engine = Engine(Store(tmp_path_factory.mktemp("base-store")))
     images = Images(stages.context(load_profile("local"), engine, site))
     engine.run(images.base_step)  # found in the registry: builds nothing

@@ -10,7 +10,7 @@ from support.reproducible import (
     REPO,
     assert_one_digest,
     assert_reproduces_record,
-    bases_in_registry,
+    in_registry,
     session_builds,
     variation_id,
 )
@@ -42,7 +42,7 @@ def builds(tmp_path_factory):
 @pytest.fixture(scope="module")
 def with_bases(stack, builds, tmp_path_factory):
     """The images' bases in the tests' registry (an image's clean build starts from its base)."""
-    bases_in_registry(stack, ["weights-stager"], PLATFORM, tmp_path_factory, builds, YEARS)
+    in_registry(stack, "base", "weights-stager", PLATFORM, tmp_path_factory, builds, YEARS)
 
 
 @pytest.mark.stack  # builds of a Debian base, minutes: not the fast lane

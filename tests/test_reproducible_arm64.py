@@ -14,17 +14,13 @@ from support.reproducible import (
     REPO,
     assert_one_digest,
     assert_reproduces_record,
-    bases_in_registry,
     fail_without_emulation,
+    in_registry,
     session_builds,
     variation_id,
 )
-from support.stages import ImageAt
 from support.variations import DAYS, YEARS
 
-from pipelines.core.site import Site
-from pipelines.engine.steps import Engine
-from pipelines.engine.store import Store
 from pipelines.stages.deploy.ringstage import (
     PLAN_PARENT,
     plan_archive,
@@ -58,7 +54,7 @@ def builds(tmp_path_factory):
 @pytest.fixture(scope="module")
 def with_bases(stack, builds, tmp_path_factory):
     """The images' arm64 bases in the tests' registry (test_reproducible_arm64_bases.py's)."""
-    bases_in_registry(stack, ["weights-stager"], PLATFORM, tmp_path_factory, builds, YEARS)
+    in_registry(stack, "base", "weights-stager", PLATFORM, tmp_path_factory, builds, YEARS)
 
 
 @pytest.mark.parametrize(("kind", "image", "variation"), RECORDED, ids=variation_id)
@@ -77,13 +73,9 @@ def test_two_clean_arm64_builds_of_an_image_under_other_conditions_give_one_dige
 
 
 @pytest.fixture(scope="module")
-def arm64_stager(stack, with_bases, tmp_path_factory):
-    """The arm64 weights-stager image, built by the pipeline's step (or found by its key)."""
-    engine = Engine(Store(tmp_path_factory.mktemp("stager-store")))
-    site = Site(lambda: (stack.registry, (stack.docker_host,)))
-    images = ImageAt(REPO / "images" / "weights-stager", PLATFORM, engine, site)
-    engine.run(images.image_step)
-    return images.image_ref()
+def arm64_stager(stack, builds, with_bases, tmp_path_factory):
+    """The arm64 weights-stager image the step finds by its key: the build held to its record."""
+    return in_registry(stack, "image", "weights-stager", PLATFORM, tmp_path_factory, builds, DAYS)
 
 
 def test_the_arm64_stager_stages_a_small_model_from_s3_in_an_arm64_container(

@@ -120,13 +120,19 @@ def assert_reproduces_record(
     )
 
 
-def bases_in_registry(
-    stack, images: list[str], platform: str, tmp_path_factory, builds: Builds, variation: Variation
-) -> None:
-    """Each image's base for platform in the tests' registry under its step's key: the session's
-    clean build of it under variation (shared by its workers), pushed by the step's own cache
-    where the registry lacks the key. One debootstrap per base and architecture in a run, not
-    two: a build the reproducibility tests compare anyway."""
+def in_registry(
+    stack,
+    kind: str,
+    image: str,
+    platform: str,
+    tmp_path_factory,
+    builds: Builds,
+    variation: Variation,
+) -> str:
+    """The session's clean build of (kind, image) under variation (shared by its workers) in the
+    tests' registry under its step's key, pushed by the step's own cache where the registry
+    lacks the key (an image's base must be there first); its pinned reference. One build per
+    key and architecture in a run, not two: a build the reproducibility tests check anyway."""
     from support.stages import ImageAt
 
     from pipelines.core.site import Site
@@ -134,17 +140,18 @@ def bases_in_registry(
     from pipelines.engine.store import Store
 
     site = Site(lambda: (stack.registry, (stack.docker_host,)))
-    for image in images:
-        engine = Engine(Store(tmp_path_factory.mktemp("base-store")))
-        step = ImageAt(REPO / "images" / image, platform, engine, site).base_step
-        assert step is not None and step.cache is not None
-        built = builds("base", image, variation)
-        assert built.key == engine.key(step), f"{image} base {platform}: the step's key moved"
-        if not step.cache.has(built.key):
-            with tempfile.TemporaryDirectory() as work:
-                (Path(work) / "out").symlink_to(built.folder)
-                step.cache.publish(built.key, Path(work), {"name": step.name})
-        engine.run(step)  # finds its key's tag: builds nothing
+    engine = Engine(Store(tmp_path_factory.mktemp(f"{kind}-store")))
+    images = ImageAt(REPO / "images" / image, platform, engine, site)
+    step = images.base_step if kind == "base" else images.image_step
+    assert step is not None and step.cache is not None
+    built = builds(kind, image, variation)
+    assert built.key == engine.key(step), f"{kind} {image} {platform}: the step's key moved"
+    if not step.cache.has(built.key):
+        with tempfile.TemporaryDirectory() as work:
+            (Path(work) / "out").symlink_to(built.folder)
+            step.cache.publish(built.key, Path(work), {"name": step.name, **engine.material(step)})
+    engine.run(step)  # finds its key's tag: builds nothing
+    return images.base_ref() if kind == "base" else images.image_ref()
 
 
 def session_builds(platform: str, tmp_path_factory, debs: Path) -> Builds:
