@@ -10,7 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import LONGEST_FIRST, RING_FILES, SPLIT_FILES, run_order, xdist_scope
+from conftest import (
+    LONGEST_FIRST,
+    LONGEST_WITHOUT_SERVICES,
+    RING_FILES,
+    SPLIT_FILES,
+    run_order,
+    xdist_scope,
+)
 from support.stack import PORT_VARIABLES, SESSION_ENV, SHARED_STACK, STARTED_BY, started_here
 
 import devstack as local_stack
@@ -30,11 +37,20 @@ def test_a_split_files_builds_go_to_workers_apart_and_the_longest_files_start_fi
     days, years = (f"tests/{sorted(SPLIT_FILES)[0]}::test_b[base-{v}]" for v in ("days", "years"))
     assert xdist_scope(days) != xdist_scope(years)
     assert xdist_scope(days) == xdist_scope(days.replace("::test_b", "::test_c"))
-    assert all((TESTS / name).is_file() for name in LONGEST_FIRST)  # no name gone stale
+    for name in LONGEST_FIRST + LONGEST_WITHOUT_SERVICES:  # no name gone stale
+        assert (TESTS / name).is_file(), name
     files = [("test_a.py", True), ("test_b.py", False), (LONGEST_FIRST[1], True)]
-    files.append((LONGEST_FIRST[0], True))
+    files += [(LONGEST_FIRST[0], True), (LONGEST_WITHOUT_SERVICES[1], False)]
+    files.append((LONGEST_WITHOUT_SERVICES[0], False))
     ordered = [name for name, services in sorted(files, key=lambda f: run_order(*f))]
-    assert ordered == [LONGEST_FIRST[0], LONGEST_FIRST[1], "test_a.py", "test_b.py"]
+    assert ordered == [
+        LONGEST_FIRST[0],
+        LONGEST_FIRST[1],
+        "test_a.py",
+        LONGEST_WITHOUT_SERVICES[0],
+        LONGEST_WITHOUT_SERVICES[1],
+        "test_b.py",
+    ]
 
 
 def test_every_file_that_builds_a_ring_is_a_ring_file():
