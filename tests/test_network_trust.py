@@ -504,13 +504,16 @@ def test_the_blob_servers_workers_are_not_root_and_still_serve(root_store):
     server = BlobServer(blobs, root_store / "ring", ("127.0.0.2",), ("127.0.0.3",), 18391)
     server.start()
     try:
+        nobody = pwd.getpwnam("nobody").pw_uid
         uids: list[int] = []
-        for _ in range(100):  # the workers come up just after the master listens
+        # The workers come up just after the master listens, each root until it drops to nobody
+        # just after its fork (seen once in the fast lane: [65534, 0]); one root for 5 s fails.
+        for _ in range(100):
             uids = worker_uids(server.process.pid)
-            if len(uids) == 2:
+            if uids == [nobody] * 2:
                 break
             time.sleep(0.05)
-        assert uids == [pwd.getpwnam("nobody").pw_uid] * 2
+        assert uids == [nobody] * 2
         peer = urllib3.PoolManager(source_address=("127.0.0.3", 0), retries=False)
         got = peer.request("GET", f"http://127.0.0.2:18391/sha256/{sha}")
         assert (got.status, got.data) == (200, data)
