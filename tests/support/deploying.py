@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
+import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -17,7 +19,8 @@ import yaml
 from support.attestations import vouch_like
 from support.doit import run_doit
 from support.ports import spare_ports
-from support.registry_repos import delete_repository
+from support.registry_repos import copy_image, delete_repository
+from support.stack import SESSION_ENV
 
 from pipelines.core.paths import PROFILES_DIR
 from pipelines.stages.images.registry import ACCEPT
@@ -42,6 +45,7 @@ def space(stack, tmp_path_factory, docker_client):
         "SPARKFORGE_DEPLOY_TIMEOUT": "15",
     }
     repository = f"{namespace}/sparkforge/local-sim"
+    seed_image(stack, repository, root / "store", tmp_path_factory)
     yield {
         "env": env,
         "profiles": profiles,
@@ -56,6 +60,57 @@ def space(stack, tmp_path_factory, docker_client):
         for container in client.containers.list(all=True, filters={"name": prefix}):
             container.remove(force=True)
     delete_repository(stack.registry, repository)
+
+
+def source_repository() -> str:
+    """The repository of the session's one build of local-sim (removed when the session ends)."""
+    return f"sparkforge-test-src-{os.environ[SESSION_ENV][:12]}/sparkforge/local-sim"
+
+
+def seed_image(stack, repository: str, store: Path, tmp_path_factory) -> None:
+    """local-sim in a module's repository under its key, copied inside the registry from the
+    session's one build of it (the first module to ask builds it with `doit image`, the others
+    wait for it), and the key that signed its attestation in the module's store, as the lab's
+    signing key is every runner's: the module's first deploy finds its image by key and
+    trusts it, as a deploy job finds what CI's build job pushed. Building it is the image
+    tests' (tests/test_images.py); each module built the same key before, eight builds a run."""
+    base = tmp_path_factory.getbasetemp()
+    # Under pytest-xdist each worker's basetemp is a folder of the session's own.
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    source, built_in = source_repository(), shared / "local-sim-source-store"
+    with (shared / "local-sim-source.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another module building it: wait for its push
+        if not key_tags(stack.registry, source):
+            env = {
+                **os.environ,
+                "SPARKFORGE_STORE": str(built_in),
+                "SPARKFORGE_REGISTRY_NAMESPACE": source.split("/")[0],
+            }
+            built = run_doit("image", "profile=local", env=env)
+            assert built.returncode == 0, f"doit image: {built.stdout[-1500:]}{built.stderr}"
+    (tag,) = key_tags(stack.registry, source)
+    copy_image(stack.registry, source, repository, tag)
+    shutil.copytree(built_in / "keys", store / "keys")
+
+
+def remove_source_image() -> None:
+    """Remove the session's build of local-sim from the tests' registry, where it was made."""
+    import devstack
+    from devstack.settings import StackDown
+
+    try:
+        registry = devstack.read_endpoints().registry
+        if key_tags(registry, source_repository()):
+            delete_repository(registry, source_repository())
+    except (StackDown, requests.RequestException):
+        return  # no stack up: no session build in it either
+
+
+def key_tags(registry: str, repository: str) -> list[str]:
+    """The key tags of a repository (none where it does not exist)."""
+    answer = requests.get(f"http://{registry}/v2/{repository}/tags/list", timeout=10)
+    tags = answer.json().get("tags") or [] if answer.status_code == 200 else []
+    return [tag for tag in tags if tag.startswith("key-")]
 
 
 def second_engine(stack) -> str:
