@@ -73,7 +73,7 @@ def seed_image(stack, repository: str, store: Path, tmp_path_factory) -> None:
     wait for it), and the key that signed its attestation in the module's store, as the lab's
     signing key is every runner's: the module's first deploy finds its image by key and
     trusts it, as a deploy job finds what CI's build job pushed. Building it is the image
-    tests' (tests/test_images.py); each module built the same key before, eight builds a run."""
+    tests' (tests/test_images.py); each module built the same key before, nine builds a run."""
     base = tmp_path_factory.getbasetemp()
     # Under pytest-xdist each worker's basetemp is a folder of the session's own.
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
@@ -109,7 +109,7 @@ def remove_source_image() -> None:
 def key_tags(registry: str, repository: str) -> list[str]:
     """The key tags of a repository (none where it does not exist)."""
     answer = requests.get(f"http://{registry}/v2/{repository}/tags/list", timeout=10)
-    tags = answer.json().get("tags") or [] if answer.status_code == 200 else []
+    tags = (answer.json().get("tags") or []) if answer.status_code == 200 else []
     return [tag for tag in tags if tag.startswith("key-")]
 
 
