@@ -443,11 +443,12 @@ def test_ctrl_c_while_a_large_prefix_is_read_back_stops_without_reading_it_all(
     s3, synthetic, blobs
 ):
     source, lock = synthetic
-    entry = replace(lock.entry(BIG), name="big.safetensors", size=8 << 30, sha256="1" * 64)
+    entry = replace(lock.entry(BIG), name="big.safetensors", size=64 << 30, sha256="1" * 64)
     part = blobs.partial_file(entry.sha256)
     with open(part, "wb") as f:
-        # A sparse 8 GiB prefix: seconds to hash whole, where a machine loaded enough to take
-        # a second to deliver Ctrl-C to the main thread still stops it in the first quarter.
+        # A sparse 64 GiB prefix: half a minute to hash whole, where a machine loaded enough to
+        # take seconds to deliver Ctrl-C to the main thread still stops it in the first quarter
+        # (8 GiB was read back whole once, a parallel lane beside the main job's stack).
         f.truncate(entry.size - (1 << 20))
     fetcher = fetch_module.Fetcher(
         S3Source(s3, S3Url.parse(source)),
