@@ -17,6 +17,7 @@ import pytest
 import yaml
 from support import stages
 from support.registry_repos import delete_repository
+from support.variations import YEARS
 
 import devstack as local_stack
 from pipelines.core.errors import BadInput
@@ -71,18 +72,27 @@ def copies(stack):
 
 
 @pytest.fixture(scope="session")
-def local_base(stack, registry, site, tmp_path_factory):
+def native_builds(tmp_path_factory):
+    """The session's clean builds for this machine's architecture, each made once and shared
+    with the reproducibility tests (support/reproducible.py)."""
+    from support.reproducible import REPO, session_builds
+
+    from pipelines.stages.images.inputs import debian_arch
+
+    return session_builds(f"linux/{debian_arch()}", tmp_path_factory, REPO / ".cache" / "debs")
+
+
+@pytest.fixture(scope="session")
+def local_base(stack, registry, site, native_builds, tmp_path_factory):
     """The debootstrap base of local-sim (weights-stager's): the session's one clean build of
     it (support/reproducible.py, the one test_reproducible.py checks), which the registry then
     keeps by key."""
-    from support.reproducible import REPO, in_registry, session_builds
-    from support.variations import YEARS
+    from support.reproducible import in_registry
 
     from pipelines.stages.images.inputs import debian_arch
 
     native = f"linux/{debian_arch()}"
-    builds = session_builds(native, tmp_path_factory, REPO / ".cache" / "debs")
-    in_registry(stack, "base", "weights-stager", native, tmp_path_factory, builds, YEARS)
+    in_registry(stack, "base", "weights-stager", native, tmp_path_factory, native_builds, YEARS)
     engine = Engine(Store(tmp_path_factory.mktemp("base-store")))
     images = Images(stages.context(load_profile("local"), engine, site))
     engine.run(images.base_step)  # found in the registry: builds nothing
@@ -215,18 +225,17 @@ def test_local_sim_is_built_once_per_key_and_a_changed_byte_rebuilds(
 
 
 def test_two_clean_builds_give_one_digest_where_plain_docker_build_gives_two(
-    copies, local_base, sim_copy, private_engine, tmp_path
+    local_base, native_builds, sim_copy, private_engine
 ):
-    docker_client = private_engine  # wiped below: an engine no other test uses
-    plan = ImagesOf(sim_copy, Engine(Store(tmp_path / "store")), copies).plan()
+    # Ours: the session's two clean builds of local-sim, the second under other conditions
+    # (test_reproducible.py's, made once a run and shared: no third build of the same key).
+    ours = [native_builds("image", "local-sim"), native_builds("image", "local-sim", YEARS)]
     # A plain `docker build` of the same folder needs the receipt writer in it too.
     shutil.copyfile(RECEIPT, sim_copy / "sparkforge-receipt.py")
-    digests, plain_ids = [], []
+    plain_ids = []
     for _ in range(2):
-        wipe_engine(docker_client)
-        with tempfile.TemporaryDirectory(dir=tmp_path) as work:
-            digests.append(build_image(docker_client, plan, "engine", Path(work)).digest)
-        image, _ = docker_client.images.build(
+        wipe_engine(private_engine)  # an engine no other test uses: nothing cached
+        image, _ = private_engine.images.build(
             path=str(sim_copy),
             buildargs={"BASE": local_base},
             nocache=True,
@@ -235,8 +244,8 @@ def test_two_clean_builds_give_one_digest_where_plain_docker_build_gives_two(
             forcerm=True,
         )
         plain_ids.append(image.id)
-        docker_client.images.remove(image.id, force=True)
-    assert digests[0] == digests[1]
+        private_engine.images.remove(image.id, force=True)
+    assert ours[0].digest == ours[1].digest
     assert plain_ids[0] != plain_ids[1]
 
 

@@ -54,7 +54,7 @@ def builds(tmp_path_factory):
 @pytest.fixture(scope="module")
 def with_bases(stack, builds, tmp_path_factory):
     """The images' arm64 bases in the tests' registry (test_reproducible_arm64_bases.py's)."""
-    in_registry(stack, "base", "weights-stager", PLATFORM, tmp_path_factory, builds, YEARS)
+    in_registry(stack, "base", "weights-stager", PLATFORM, tmp_path_factory, builds, DAYS)
 
 
 @pytest.mark.parametrize(("kind", "image", "variation"), RECORDED, ids=variation_id)

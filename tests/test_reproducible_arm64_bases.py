@@ -12,7 +12,7 @@ from support.reproducible import (
     session_builds,
     variation_id,
 )
-from support.variations import YEARS
+from support.variations import DAYS
 
 # Emulated debootstraps take minutes each on a loaded 2-core machine, and a test may wait for
 # the base another worker is making (support/reproducible.py): a hang is still stopped.
@@ -20,9 +20,9 @@ pytestmark = pytest.mark.timeout(1800)
 PLATFORM, ARCH = "linux/arm64", "arm64"
 DEBS = REPO / ".cache" / "debs"
 # The one base of both images (local-sim's is weights-stager's: base same_as): each emulated
-# debootstrap is minutes of CPU, so one variation here, both on amd64 (test_reproducible.py);
-# the images' module takes this build as their base.
-RECORDED = [("base", "weights-stager", YEARS)]
+# debootstrap is minutes of CPU, so one variation here, the days one (the years one is the amd64
+# base's, test_reproducible.py); the images' module takes this build as their base.
+RECORDED = [("base", "weights-stager", DAYS)]
 
 
 @pytest.fixture(scope="module", autouse=True)
