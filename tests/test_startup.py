@@ -103,6 +103,39 @@ def test_the_model_signature_module_loads_none_of_the_sigstore_stack():
     assert roots.isdisjoint({"sigstore", "tuf", "requests", "securesystemslib", "boto3"})
 
 
+ENVELOPE_THEN_S3 = """
+import json, sys
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from pipelines.core.signing.envelope import open_envelope, sign_statement
+from pipelines.core.signing.namedkeys import SigningKey
+private = Ed25519PrivateKey.generate()
+key = SigningKey("k", private)
+public = key.public
+opened = open_envelope(sign_statement(b'{"_type": "x"}', key), {"k": public})
+loaded = sorted({m.split(".")[0] for m in sys.modules} & {"boto3", "botocore"})
+from pipelines.core.s3 import make_client  # the process's S3 clients: boto3 as usual after
+client = make_client(None)
+print(json.dumps([opened.signer, loaded, type(client).__name__]))
+"""
+
+
+def test_signing_and_opening_an_envelope_load_no_boto3_and_s3_clients_still_do():
+    """securesystemslib's signer package would load boto3 for its AWS KMS signer (a quarter of
+    a CPU second of every deploy that checks an attestation): held back while it loads, then
+    boto3 loads for the process's own S3 clients as before."""
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_REGION": "x"}
+    run = subprocess.run(
+        [sys.executable, "-c", ENVELOPE_THEN_S3],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout.splitlines()[-1]) == ["k", [], "S3"]
+
+
 def test_the_s3_clients_of_a_run_load_the_service_model_once_and_follow_the_environment(
     monkeypatch,
 ):

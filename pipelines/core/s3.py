@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from functools import cache
@@ -59,8 +60,26 @@ def s3_errors(what: str, unreachable: type[Unreachable] = Unreachable) -> Iterat
         raise (unreachable if down else PipelineError)(describe_s3_error(err, what)) from None
 
 
-# boto3 sessions are not thread-safe: clients are made from the shared one under this lock.
+# boto3 sessions are not thread-safe: clients are made from the shared one under this lock
+# (and boto3 is held back under it: boto3_held_back).
 _MAKING_CLIENT = threading.Lock()
+
+
+@contextlib.contextmanager
+def boto3_held_back() -> Iterator[None]:
+    """Inside the block `import boto3` fails (ModuleNotFoundError), where this process has not
+    loaded it yet: for a library that loads boto3 only to offer what this project never uses.
+    Held under the clients' lock, so no thread of ours is loading boto3 for a client meanwhile."""
+    with _MAKING_CLIENT:
+        if "boto3" in sys.modules:
+            yield
+            return
+        sys.modules["boto3"] = None  # type: ignore[assignment]  # the import system's "absent"
+        try:
+            yield
+        finally:
+            if sys.modules.get("boto3", False) is None:
+                del sys.modules["boto3"]
 
 
 def shared_session() -> boto3.session.Session:

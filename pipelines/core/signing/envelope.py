@@ -4,13 +4,14 @@ securesystemslib (the envelope's keyid is the key's name)."""
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pipelines.core.s3 import boto3_held_back
 from pipelines.core.signing.namedkeys import PublicKey, SigningKey
 
-# securesystemslib is imported where an envelope is made or opened (it loads boto3 for its AWS
-# signer): listing tasks needs none.
+# securesystemslib is imported where an envelope is made or opened, not when tasks are listed.
 if TYPE_CHECKING:
     from securesystemslib.signer import SSlibKey
 
@@ -31,8 +32,19 @@ class Opened:
     signer: str
 
 
+def load_securesystemslib() -> None:
+    """securesystemslib's signer package loaded without boto3: it imports every signer it
+    offers, its AWS KMS one with boto3 (a quarter of a CPU second, at the start of every deploy
+    that checks an attestation) where boto3 is installed, as it is here for S3. Held back, that
+    signer is unavailable, as the library leaves it where boto3 is missing; ours are ed25519."""
+    if "securesystemslib.signer" not in sys.modules:
+        with boto3_held_back():
+            import securesystemslib.signer  # noqa: F401
+
+
 def sslib_key(key: PublicKey) -> SSlibKey:
     """The securesystemslib form of a named key (its keyid is the name)."""
+    load_securesystemslib()
     from securesystemslib.signer import SSlibKey
 
     return SSlibKey.from_crypto(key.key, keyid=key.name)
@@ -40,6 +52,7 @@ def sslib_key(key: PublicKey) -> SSlibKey:
 
 def sign_statement(payload: bytes, key: SigningKey) -> bytes:
     """The DSSE envelope (JSON) of a Statement's JSON, signed by key."""
+    load_securesystemslib()
     from securesystemslib.dsse import Envelope
     from securesystemslib.signer import CryptoSigner
 
@@ -50,6 +63,7 @@ def sign_statement(payload: bytes, key: SigningKey) -> bytes:
 
 def open_envelope(data: bytes, trusted: dict[str, PublicKey]) -> Opened:
     """The Statement of an envelope one trusted key signed, or Unverified with the reason."""
+    load_securesystemslib()
     from securesystemslib.dsse import Envelope
     from securesystemslib.exceptions import VerificationError
 
