@@ -103,8 +103,8 @@ def lab(stack, tmp_path_factory, docker_client):
             "SPARKFORGE_PROFILES": str(profiles),
             "SPARKFORGE_DEPLOY_TIMEOUT": "60",
             "PIP_CACHE_DIR": PIP_CACHE,
-            # The lab runner's own wheelhouse: each job installs the lock from it, asking no
-            # index (the hashes are checked all the same).
+            # The lab runner's wheelhouse (uv's wheel) and uv cache: each job installs the lock
+            # asking no index (the hashes are checked all the same).
             "PIP_NO_INDEX": "1",
             "PIP_FIND_LINKS": str(wheelhouse()),
             **uv_settings(),

@@ -128,22 +128,24 @@ def local_repositories() -> list[str]:
 
 
 def wheelhouse() -> Path:
-    """The lock's wheels in one folder of the checkout's cache, fetched once (by the first
-    worker to ask; the others wait for it): a runner's local wheelhouse, so that each job's
-    `pip install -r requirements.lock` installs without asking an index."""
+    """uv's wheel (the lock's pin, with its hashes) in a folder of the checkout's cache, fetched
+    once (by the first worker to ask; the others wait for it): the runner's wheelhouse, from
+    which each job's pip installs uv before uv installs the rest of the lock (uv_settings)."""
     import fcntl
     import hashlib
     import shutil
 
-    lock = REPO / "requirements.lock"
-    digest = hashlib.sha256(lock.read_bytes()).hexdigest()[:16]
-    folder = REPO / ".cache" / f"wheelhouse-{digest}"
+    pin = uv_requirement()
+    digest = hashlib.sha256(pin.encode()).hexdigest()[:16]
+    folder = REPO / ".cache" / f"wheelhouse-uv-{digest}"
     folder.parent.mkdir(exist_ok=True)
     with open(REPO / ".cache" / "wheelhouse.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         if not folder.is_dir():
             partial = folder.with_name(folder.name + ".partial")
             shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir()
+            (partial / "uv.requirements").write_text(pin)
             subprocess.run(
                 [
                     sys.executable,
@@ -155,7 +157,7 @@ def wheelhouse() -> Path:
                     "--only-binary=:all:",
                     "--require-hashes",
                     "-r",
-                    str(lock),
+                    str(partial / "uv.requirements"),
                     "--dest",
                     str(partial),
                 ],  # fmt: skip
@@ -165,19 +167,34 @@ def wheelhouse() -> Path:
     return folder
 
 
+def uv_requirement() -> str:
+    """The lock's entry for uv: its pin and the --hash lines under it (as scripts/venv reads it)."""
+    lines = (REPO / "requirements.lock").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("uv=="))
+    entry = [lines[start]]
+    for line in lines[start + 1 :]:
+        if not line.startswith((" ", "\t")):
+            break
+        entry.append(line)
+    return "\n".join(entry) + "\n"
+
+
 def uv_settings() -> dict[str, str]:
-    """A job's uv (scripts/venv) as the lab runner sets it: a config file naming the wheelhouse
-    and no index (`uv pip` reads no-index there, not from UV_NO_INDEX), and one cache for every
-    job and run (uv locks it), so each venv links wheels unpacked once."""
+    """A job's uv (scripts/venv) as a lab runner may set it: offline, from this machine's uv
+    cache, which scripts/install filled with every wheel of the lock but uv (pip installs that
+    one, from the wheelhouse). No index is asked and no wheel fetched again: each job's venv
+    links the wheels uv unpacked once. The UV_* settings the install ran with go along, so the
+    job's uv looks for the same index entries in the cache."""
     import os
 
-    wheels = wheelhouse()
-    config = wheels.with_name(wheels.name + ".uv.toml")
-    if not config.exists():  # the same text from any worker: the last rename wins, unharmed
-        partial = config.with_name(f"{config.name}.{os.getpid()}")
-        partial.write_text(f"[pip]\nno-index = true\nfind-links = [{json.dumps(str(wheels))}]\n")
-        partial.rename(config)
-    return {"UV_CONFIG_FILE": str(config), "UV_CACHE_DIR": str(REPO / ".cache" / "uv")}
+    cache = subprocess.run(
+        [str(Path(sys.executable).parent / "uv"), "cache", "dir"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    passed = {k: v for k, v in os.environ.items() if k.startswith("UV_")}
+    return {**passed, "UV_OFFLINE": "1", "UV_CACHE_DIR": cache}
 
 
 def dotenv(values: dict[str, str]) -> str:
