@@ -120,9 +120,9 @@ print(json.dumps([opened.signer, loaded, type(client).__name__]))
 
 
 def test_signing_and_opening_an_envelope_load_no_boto3_and_s3_clients_still_do():
-    """securesystemslib's signer package would load boto3 for its AWS KMS signer (a quarter of
-    a CPU second of every deploy that checks an attestation): held back while it loads, then
-    boto3 loads for the process's own S3 clients as before."""
+    """securesystemslib's signer package would load boto3 for its AWS KMS signer (some 0.15 CPU s
+    of every deploy that checks an attestation): held back while it loads, then boto3 loads for
+    the process's own S3 clients as before."""
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_REGION": "x"}
     run = subprocess.run(
         [sys.executable, "-c", ENVELOPE_THEN_S3],

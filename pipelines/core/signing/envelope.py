@@ -34,8 +34,8 @@ class Opened:
 
 def load_securesystemslib() -> None:
     """securesystemslib's signer package loaded without boto3: it imports every signer it
-    offers, its AWS KMS one with boto3 (a quarter of a CPU second, at the start of every deploy
-    that checks an attestation) where boto3 is installed, as it is here for S3. Held back, that
+    offers, its AWS KMS one with boto3 (some 0.15 CPU s at the start of every deploy that
+    checks an attestation) where boto3 is installed, as it is here for S3. Held back, that
     signer is unavailable, as the library leaves it where boto3 is missing; ours are ed25519."""
     if "securesystemslib.signer" not in sys.modules:
         with boto3_held_back():
