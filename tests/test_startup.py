@@ -41,15 +41,21 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in HEAVY_ROOTS
 """
 
 
+def python(*args: str, env: dict[str, str] | None = None) -> str:
+    """What `python ARGS` printed, run in the checkout (in env, else this process's): it must
+    exit 0."""
+    run = subprocess.run(
+        [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
 def heavy_modules_after(*args: str) -> list[str]:
     """The heavy libraries' modules a fresh `doit ARGS` process has loaded when it is done."""
     roots = sorted({name.split(".")[0] for name in HEAVY})
     code = f"HEAVY_ROOTS = {roots!r}\n{LOADED}"
-    run = subprocess.run(
-        [sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
-    assert run.returncode == 0, run.stderr
-    loaded = json.loads(run.stdout.splitlines()[-1])
+    loaded = json.loads(python("-c", code, *args).splitlines()[-1])
     return sorted({m for m in loaded if any(m == h or m.startswith(h + ".") for h in HEAVY)})
 
 
@@ -77,11 +83,7 @@ with contextlib.redirect_stdout(io.StringIO()):
 
 
 def test_a_doit_process_collects_young_objects_less_often_and_walks_nothing_at_exit():
-    run = subprocess.run(
-        [sys.executable, "-c", AT_EXIT], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
-    assert run.returncode == 0, run.stderr
-    threshold, frozen = json.loads(run.stdout.splitlines()[-1])
+    threshold, frozen = json.loads(python("-c", AT_EXIT).splitlines()[-1])
     assert threshold == 7000  # ten times the default 700
     # Every object out of the collector's sight: the last collection walks none of them.
     assert frozen > 10_000
@@ -94,11 +96,7 @@ def test_the_model_signature_module_loads_none_of_the_sigstore_stack():
         "import json, sys\nimport pipelines.stages.weights.signature\n"
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
-    assert run.returncode == 0, run.stderr
-    roots = set(json.loads(run.stdout))
+    roots = set(json.loads(python("-c", code)))
     assert "model_signing" in roots and "cryptography" in roots
     assert roots.isdisjoint({"sigstore", "tuf", "requests", "securesystemslib", "boto3"})
 
@@ -124,16 +122,8 @@ def test_signing_and_opening_an_envelope_load_no_boto3_and_s3_clients_still_do()
     of every deploy that checks an attestation): held back while it loads, then boto3 loads for
     the process's own S3 clients as before."""
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_REGION": "x"}
-    run = subprocess.run(
-        [sys.executable, "-c", ENVELOPE_THEN_S3],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout.splitlines()[-1]) == ["k", [], "S3"]
+    said = python("-c", ENVELOPE_THEN_S3, env=env)
+    assert json.loads(said.splitlines()[-1]) == ["k", [], "S3"]
 
 
 def test_the_s3_clients_of_a_run_load_the_service_model_once_and_follow_the_environment(
@@ -180,15 +170,6 @@ def test_a_doit_process_closes_its_stat_cache_at_exit_though_the_collector_walks
     the database: no -wal or -shm file is left (one the next run must make again, which fails on
     a full disk: tests/test_steps.py)."""
     store = tmp_path / "store"
-    env = {**os.environ, "SPARKFORGE_STORE": str(store)}
-    run = subprocess.run(
-        [sys.executable, "-m", "doit", "list"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr
+    python("-m", "doit", "list", env={**os.environ, "SPARKFORGE_STORE": str(store)})
     assert (store / "statcache.sqlite3").is_file()
     assert sorted(p.name for p in store.glob("statcache.sqlite3-*")) == []
