@@ -32,7 +32,7 @@ from support.act import (
 from support.deploying import second_engine
 from support.doit import run_doit
 from support.ports import spare_ports
-from support.registry_repos import delete_repository
+from support.registry_repos import delete_repository, key_tags
 
 import devstack as local_stack
 from pipelines.core.paths import PROFILES_DIR
@@ -144,9 +144,9 @@ def ring_lab(lab, stack):
         },
     )
     assert built.returncode == 0, built.stdout + built.stderr
-    base = f"http://{stack.registry}/v2/{namespace}/sparkforge/weights-stager"
-    tags = requests.get(f"{base}/tags/list", timeout=10).json()["tags"]
-    (tag,) = [t for t in tags if t.startswith("key-")]  # the build's own tag, by its key
+    repository = f"{namespace}/sparkforge/weights-stager"
+    (tag,) = key_tags(stack.registry, repository)  # the build's own tag, by its key
+    base = f"http://{stack.registry}/v2/{repository}"
     digest = requests.head(f"{base}/manifests/{tag}", headers={"Accept": ACCEPT}, timeout=10)
     return {
         **lab,

@@ -19,7 +19,7 @@ import yaml
 from support.attestations import vouch_like
 from support.doit import run_doit
 from support.ports import spare_ports
-from support.registry_repos import copy_image, delete_repository
+from support.registry_repos import copy_image, delete_repository, key_tags
 from support.stack import SESSION_ENV
 
 from pipelines.core.paths import PROFILES_DIR
@@ -104,13 +104,6 @@ def remove_source_image() -> None:
             delete_repository(registry, source_repository())
     except (StackDown, requests.RequestException):
         return  # no stack up: no session build in it either
-
-
-def key_tags(registry: str, repository: str) -> list[str]:
-    """The key tags of a repository (none where it does not exist)."""
-    answer = requests.get(f"http://{registry}/v2/{repository}/tags/list", timeout=10)
-    tags = (answer.json().get("tags") or []) if answer.status_code == 200 else []
-    return [tag for tag in tags if tag.startswith("key-")]
 
 
 def second_engine(stack) -> str:

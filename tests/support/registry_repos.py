@@ -22,6 +22,15 @@ def delete_repository(registry: str, repository: str) -> None:
         requests.delete(f"{base}/manifests/{digest}", timeout=10).raise_for_status()
 
 
+def key_tags(registry: str, repository: str) -> list[str]:
+    """The key tags of a repository (none where it does not exist)."""
+    import requests
+
+    answer = requests.get(f"http://{registry}/v2/{repository}/tags/list", timeout=10)
+    tags = (answer.json().get("tags") or []) if answer.status_code == 200 else []
+    return [tag for tag in tags if tag.startswith("key-")]
+
+
 def copy_image(registry: str, source: str, target: str, tag: str) -> None:
     """The image source:tag, and its attestation when it has one, in target under the same
     tags: every blob mounted from source (no byte uploaded), each manifest put as it is, the
