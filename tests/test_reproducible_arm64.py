@@ -1,7 +1,7 @@
 """The Sparks' architecture, built and run here under emulation (qemu-user-static): the arm64
-images give one digest per key whatever the build's conditions, and the arm64 weights-stager
-stages a small model from the local S3 in an arm64 container (the bases:
-tests/test_reproducible_arm64_bases.py)."""
+weights-stager, the image the Sparks run that builds here, gives the digest recorded for its key
+under another build's conditions, and stages a small model from the local S3 in an arm64
+container (the bases: tests/test_reproducible_arm64_bases.py)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,13 @@ import pytest
 from support.ports import spare_ports
 from support.reproducible import (
     REPO,
-    assert_one_digest,
     assert_reproduces_record,
     fail_without_emulation,
     in_registry,
     session_builds,
     variation_id,
 )
-from support.variations import DAYS, YEARS
+from support.variations import DAYS
 
 from pipelines.stages.deploy.ringstage import (
     PLAN_PARENT,
@@ -35,8 +34,10 @@ pytestmark = pytest.mark.timeout(1800)
 PLATFORM, ARCH = "linux/arm64", "arm64"
 DEBS = REPO / ".cache" / "debs"
 # Built under the variation, its digest the one recorded for its key (test_reproducible.py).
+# local-sim is built plain and varied on amd64 only (test_reproducible.py): the Sparks never run
+# it, and what makes an image's bytes (the context, the layers' normalization) is this machine's
+# code on either architecture; two emulated builds of it were some 40 CPU s of every run.
 RECORDED = [("image", "weights-stager", DAYS)]  # its wheels come over TLS: test_reproducible.py
-VARIED = [("image", "local-sim", YEARS)]  # not recorded: compared with a plain build
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -62,14 +63,6 @@ def test_an_arm64_image_built_under_other_conditions_gives_the_digest_recorded_f
     kind, image, variation, builds, with_bases
 ):
     assert_reproduces_record(kind, image, ARCH, variation, builds)
-
-
-@pytest.mark.parametrize(("kind", "image", "variation"), VARIED, ids=variation_id)
-def test_two_clean_arm64_builds_of_an_image_under_other_conditions_give_one_digest(
-    kind, image, variation, builds, with_bases
-):
-    what = f"{kind} {image} {ARCH}"
-    assert_one_digest(builds(kind, image), builds(kind, image, variation), what, variation)
 
 
 @pytest.fixture(scope="module")
