@@ -279,8 +279,10 @@ def test_a_bench_made_to_regress_fails_the_job_with_the_gate_line(lab):
     stricter = json.loads(json.dumps(profile))
     for entry in stricter["bench"]["baseline"]:
         if entry["metric"] == "decode.c1.median_window_tok_s":
-            # The simulator decodes at 400: a third below the baseline, beyond its own 5%.
-            entry.update(value=600.0, tolerance=0.05)
+            # The simulator decodes at 400: two thirds below the baseline, far beyond its 5%.
+            # (A third below was not far enough: on a loaded machine the simulator's tokens come
+            # late, then in bursts, and one median window measured 510.9, -14.8%.)
+            entry.update(value=1200.0, tolerance=0.05)
     path.write_text(yaml.safe_dump(stricter))
     try:
         benched = act(lab, "bench.yml", "workflow_dispatch", dispatch("local"), "bench-regress")
@@ -289,8 +291,8 @@ def test_a_bench_made_to_regress_fails_the_job_with_the_gate_line(lab):
     assert benched.returncode != 0, benched.log
     # The gate's line, as doit bench printed it in the step's log.
     assert re.search(
-        r"^\[bench/[^\]]+\]   \|   decode\.c1\.median_window_tok_s: [\d.]+ against baseline 600"
-        r" \(-3\d\.\d%; tolerance 5% lower\)$",
+        r"^\[bench/[^\]]+\]   \|   decode\.c1\.median_window_tok_s: [\d.]+ against baseline 1200"
+        r" \(-\d+\.\d%; tolerance 5% lower\)$",
         benched.log,
         re.MULTILINE,
     ), benched.log
