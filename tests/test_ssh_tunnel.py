@@ -97,15 +97,17 @@ def test_connections_past_the_servers_session_limit_still_get_their_answers(sshd
 
 
 def ssh_processes_naming(path: str) -> list[str]:
-    """The command lines of the processes whose arguments name path."""
+    """The command lines of the ssh processes whose command line names path (a master in the
+    background rewrites its own: `ssh: PATH [mux]`)."""
     found = []
     for proc in Path("/proc").iterdir():
         try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            name = (proc / "comm").read_text().strip()
+            argv = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-        if argv and argv[0].endswith(b"ssh") and any(path.encode() in a for a in argv):
-            found.append(b" ".join(argv).decode(errors="replace"))
+        if name == "ssh" and path.encode() in argv:
+            found.append(argv.replace(b"\0", b" ").decode(errors="replace"))
     return found
 
 
