@@ -29,7 +29,7 @@ from support.act import (
     uv_settings,
     wheelhouse,
 )
-from support.deploying import second_engine
+from support.deploying import second_engine, shared_cores
 from support.doit import run_doit
 from support.ports import spare_ports
 from support.registry_repos import delete_repository, key_tags
@@ -43,12 +43,6 @@ REPOSITORY = "lab/sparkforge"  # github.repository, as the workflow_run payloads
 PLACEHOLDER_DIGEST = "sha256:" + "0" * 64
 # The verdict of a bench that passed, for the local profiles (no RoCE fabric to check).
 NO_FABRIC_PASSED = "passed the gate (the profile has no fabric to check)"
-# This module runs in the parallel lane, where the simulator shares two cores with emulated
-# builds: in one CI run the c8 cell's aggregate read 12% under its baseline (tolerance 10%),
-# every stream decoding at its rate, the wave half a second longer than the simulator's model.
-# What these tests hold is the workflows' plumbing (a verdict recorded, a regression failing
-# the job); the gate's margins are held in the timing lane (tests/test_bench_gate.py).
-SHARED_CORES_TOLERANCE = 0.5
 PIP_CACHE = os.environ.get("PIP_CACHE_DIR") or str(Path.home() / ".cache" / "pip")
 
 
@@ -60,11 +54,9 @@ def lab(stack, tmp_path_factory, docker_client):
     profiles = root / "profiles"
     profiles.mkdir()
     for name in ("local", "local-ring"):
-        profile = yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text())
+        # The workflows' plumbing, in the parallel lane: support/deploying.py's shared_cores.
+        profile = shared_cores(yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text()))
         profile["simulator"]["port"] = spare_ports(len(profile["members"]))
-        for entry in profile["bench"]["baseline"]:
-            if entry["tolerance"] > 0:
-                entry["tolerance"] = SHARED_CORES_TOLERANCE
         if name == "local-ring":
             # Two members on one host stage the weights (deploy.yml's stage_ring) only with a
             # folder and a link address each, as two hosts would have (tests/test_deploy_staging).

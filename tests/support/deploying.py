@@ -111,6 +111,23 @@ def second_engine(stack) -> str:
     return f"unix://{stack.docker_hosts[1].split('127.0.0.1:', 1)[1].split('/', 1)[1]}"
 
 
+# The parallel lane's simulators share two cores with emulated builds: in CI runs the c8 cell's
+# aggregate read 12% under its baseline (tolerance 10%), a c1 TTFT 25% over its own (the first
+# request served late), a c1 window 28% over the simulator's rate (tokens late, then in a burst).
+# Tests there hold the plumbing (a verdict recorded, a regression failing the run); the gate's
+# margins are held in the timing lane, on an idle machine (tests/test_bench_gate.py).
+SHARED_CORES_TOLERANCE = 0.5
+
+
+def shared_cores(profile: dict) -> dict:
+    """A copy of profile whose every timed baseline metric allows SHARED_CORES_TOLERANCE."""
+    wide = json.loads(json.dumps(profile))
+    for entry in wide["bench"]["baseline"]:
+        if entry["tolerance"] > 0:
+            entry["tolerance"] = SHARED_CORES_TOLERANCE
+    return wide
+
+
 def make_world(space, stack, base: str, name: str) -> dict:
     """A profile called name made from profiles/<base>.yaml on free ports, in the space."""
     profile = yaml.safe_load((PROFILES_DIR / f"{base}.yaml").read_text())
