@@ -3,6 +3,7 @@ would decide), from bootstrap intervals; and the same simulator measured again a
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -67,23 +68,34 @@ def test_ten_benches_of_one_server_never_flip_and_8_percent_slower_is_regressed_
     decode = 2000.0
     gated = SimpleNamespace(metric="decode.c1.median_window_tok_s", value=decode,
                             tolerance=0.05, better="higher")  # fmt: skip
-    verdicts: dict[str, list[str]] = {}
-    for name, rate in (("same", decode), ("8% slower", decode * 0.92)):
+
+    def ten_benches(name: str, rate: float, folder: str) -> list[str]:
+        """The verdicts of ten benches of a simulator decoding at rate."""
         settings = {"SIM_TTFT_S": "0.01", "SIM_DECODE_TOK_S": str(rate),
                     "SIM_DECODE_JITTER": "0.02", "SIM_TOKENS_PER_CHUNK": "4"}  # fmt: skip
-        sim = Sim(make_model(tmp_path / "model"), settings)
+        sim = Sim(make_model(tmp_path / folder), settings)
+        found = []
         try:
             # Three requests a run, the median of their windows: one stalled stream is outvoted.
             spec = CellSpec("c1", 1, 3, sweep_body("sim", 16, 700), 30)
-            verdicts[name] = []
             for _ in range(10):
                 cell = run_repeated(sim.url, spec, 3)
                 (row,) = gate_rows({"decode": [cell.as_json()]}, [gated])
-                verdicts[name].append(row["verdict"])
+                found.append(row["verdict"])
                 low, high = row["interval"]
                 print(f"{name}: {row['verdict']} {row['measured']:.0f} [{low:.0f}, {high:.0f}]")
         finally:
             sim.stop()
+        return found
+
+    # The two servers side by side, each benched from a thread of this process: servers and
+    # clients sleep between chunks (20 CPU s in the test's 38, the four together), so they meet
+    # neither on the idle machine's cores nor on the GIL: the slower server's highest upper end
+    # 1.4 to 1.9% under the limit in four runs, as one after the other (1.7%), in half the time.
+    names = ("same", "8% slower")
+    with ThreadPoolExecutor(2) as pool:
+        found = pool.map(ten_benches, names, (decode, decode * 0.92), ("a", "b"))
+        verdicts = dict(zip(names, found, strict=True))
     assert REGRESSED not in verdicts["same"] and PASSED not in verdicts["8% slower"]
     assert verdicts["8% slower"] == [REGRESSED] * 10
 
