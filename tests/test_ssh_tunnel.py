@@ -8,10 +8,12 @@ from __future__ import annotations
 import contextlib
 import getpass
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -128,6 +130,7 @@ def test_a_tunnels_process_killed_outright_leaves_no_ssh_behind(sshd, tmp_path):
         text=True,
         start_new_session=True,  # its ssh are not in the test's process group, nor ended with it
     )
+    folder = ""
     try:
         assert process.stdout is not None
         folder = process.stdout.readline().strip()
@@ -140,7 +143,10 @@ def test_a_tunnels_process_killed_outright_leaves_no_ssh_behind(sshd, tmp_path):
             time.sleep(0.1)
         assert not left, f"ssh left behind: {left}"
     finally:
-        # What a failed test left: the holder and its ssh, one process group.
+        # What a failed test left: the holder and its ssh, one process group; and the tunnel's
+        # folder, which a process killed outright cannot remove.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
+        if folder.startswith(tempfile.gettempdir()) and "sparkforge-ssh-" in folder:
+            shutil.rmtree(folder, ignore_errors=True)
