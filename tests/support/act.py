@@ -135,8 +135,9 @@ def wheelhouse() -> Path:
     import hashlib
     import shutil
 
-    pin = uv_requirement()
-    digest = hashlib.sha256(pin.encode()).hexdigest()[:16]
+    # The lock's entry for uv, as scripts/venv took it from the lock for the venv running this.
+    requirement = Path(sys.prefix) / "uv.requirements"
+    digest = hashlib.sha256(requirement.read_bytes()).hexdigest()[:16]
     folder = REPO / ".cache" / f"wheelhouse-uv-{digest}"
     folder.parent.mkdir(exist_ok=True)
     with open(REPO / ".cache" / "wheelhouse.lock", "w") as held:
@@ -144,8 +145,6 @@ def wheelhouse() -> Path:
         if not folder.is_dir():
             partial = folder.with_name(folder.name + ".partial")
             shutil.rmtree(partial, ignore_errors=True)
-            partial.mkdir()
-            (partial / "uv.requirements").write_text(pin)
             subprocess.run(
                 [
                     sys.executable,
@@ -157,7 +156,7 @@ def wheelhouse() -> Path:
                     "--only-binary=:all:",
                     "--require-hashes",
                     "-r",
-                    str(partial / "uv.requirements"),
+                    str(requirement),
                     "--dest",
                     str(partial),
                 ],  # fmt: skip
@@ -165,18 +164,6 @@ def wheelhouse() -> Path:
             )
             partial.rename(folder)  # complete, or absent
     return folder
-
-
-def uv_requirement() -> str:
-    """The lock's entry for uv: its pin and the --hash lines under it (as scripts/venv reads it)."""
-    lines = (REPO / "requirements.lock").read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("uv=="))
-    entry = [lines[start]]
-    for line in lines[start + 1 :]:
-        if not line.startswith((" ", "\t")):
-            break
-        entry.append(line)
-    return "\n".join(entry) + "\n"
 
 
 def uv_settings() -> dict[str, str]:
