@@ -640,3 +640,19 @@ def test_the_live_progress_goes_to_the_terminal_it_checked_when_stdout_is_a_log(
     os.close(terminal)
     assert log.read_bytes() == b""
     assert b"fetch m" in shown and b"100.0/100.0 MiB" in shown
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+def test_a_fetchs_ranges_and_files_follow_the_cpus_it_may_run_on(cpus):
+    # Sixteen ranges of eight files cost a small runner CPU and fill its link no sooner
+    # (options.py): the defaults are four ranges and two files per CPU of the process's
+    # affinity, a container's or a runner's share, up to 16 and 8.
+    if len(os.sched_getaffinity(0)) < cpus:
+        pytest.fail(f"this machine runs the tests on fewer than {cpus} CPUs")
+    probe = (
+        "import os; from pipelines.stages.weights.options import FetchOptions;"
+        f" os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:{cpus}]);"
+        " o = FetchOptions(); print(o.workers, o.files_at_once)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.stdout.split() == [str(4 * cpus), str(2 * cpus)], done.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -10,6 +11,11 @@ if TYPE_CHECKING:
     from pipelines.core.settings import Settings
 
 MiB = 1 << 20
+
+
+def cores() -> int:
+    """The CPUs this process may run on (its affinity: a container's or a runner's share)."""
+    return len(os.sched_getaffinity(0))
 
 
 @dataclass(frozen=True)
@@ -21,12 +27,18 @@ class FetchOptions:
     """
 
     part_size: int = 32 * MiB
-    # Eight files at once: a file held up by a slow stretch of disk (its direct writes queue
-    # behind it, partial.py) must not leave the link idle. Measured at 2.5 Gbit/s, before the
-    # writes went behind the hash, 5 alternating runs: 17.7 s against 19.7 s with 4 files and
-    # 8 workers (s5cmd 16.7 s); at 10 Gbit/s 14.9 s against 15.7 s.
-    workers: int = 16
-    files_at_once: int = 8
+    # Four ranges and two files per core this process may run on, up to 16 ranges of 8 files
+    # (1 GiB of buffers). Eight files at once, where there are cores for them: a file held up by
+    # a slow stretch of disk (its direct writes queue behind it, partial.py) must not leave the
+    # link idle (2.5 Gbit/s, before the writes went behind the hash, 5 alternating runs: 17.7 s
+    # against 19.7 s with 4 files and 8 ranges). On 2 cores the threads of 16 ranges and the
+    # cold buffers they cycle cost CPU and fill the link no sooner (tests/perf/fetch.py's
+    # synthetic model, 4.45 GB, medians of 3, 2026-12-07; 8 ranges of 4 files against 16 of 8):
+    # at 2.5 Gbit/s into memory 15.4 s against 15.9, client CPU 2.38 s/GB against 3.19; onto
+    # disk 15.2 s against 15.1, 1.62 against 2.03; at 10 Gbit/s into memory 8.8 s against 10.8,
+    # 2.09 against 3.07.
+    workers: int = field(default_factory=lambda: min(16, 4 * cores()))
+    files_at_once: int = field(default_factory=lambda: min(8, 2 * cores()))
     ahead: int = 4
     max_rate: float | None = None  # bytes per second over all ranges, None for no limit
     retries: int = 5
