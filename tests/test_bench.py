@@ -589,16 +589,18 @@ def test_a_cells_first_wave_leaves_together_and_its_spread_is_recorded(sims):
 
     def slow_body(index: int) -> dict:
         with one_at_a_time:  # as a tokenizer round trip on one connection would be
-            time.sleep(0.03)
+            time.sleep(0.06)
             return make(index)
 
     cell = run_cell(sim.url, CellSpec("c16", 16, 32, slow_body, 30, warmup=0))
     assert cell.summary["completed"] == 32
     first = sorted(r["received"] for r in sim_truth(sim))[:16]
     spread = (first[-1] - first[0]) * 1000  # by the server's clock
-    assert spread < 150, f"the first wave reached the server over {spread:.0f} ms"
+    # Bodies made as the wave leaves spread it over 15 x 60 ms at least; sixteen requests
+    # made ahead reached the server over 175 ms once in the loaded parallel lane (2 cores).
+    assert spread < 350, f"the first wave reached the server over {spread:.0f} ms"
     recorded = cell.summary["start_spread_ms"]
-    assert recorded is not None and recorded < 150 and abs(recorded - spread) < 100
+    assert recorded is not None and recorded < 350 and abs(recorded - spread) < 150
 
 
 @pytest.mark.stack  # a simulator and a command: seconds, not the fast lane
