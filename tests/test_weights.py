@@ -646,7 +646,7 @@ def test_the_live_progress_goes_to_the_terminal_it_checked_when_stdout_is_a_log(
 def test_a_fetchs_ranges_and_files_follow_the_cpus_it_may_run_on(cpus):
     # Sixteen ranges of eight files cost a small runner CPU and fill its link no sooner
     # (options.py): the defaults are four ranges and two files per CPU of the process's
-    # affinity, a container's or a runner's share, up to 16 and 8.
+    # affinity (a cpuset's, a runner's share), up to 16 and 8.
     if len(os.sched_getaffinity(0)) < cpus:
         pytest.fail(f"this machine runs the tests on fewer than {cpus} CPUs")
     probe = (

@@ -14,7 +14,7 @@ MiB = 1 << 20
 
 
 def cores() -> int:
-    """The CPUs this process may run on (its affinity: a container's or a runner's share)."""
+    """How many CPUs this process may run on (its affinity, as a cpuset sets it; not a quota)."""
     return len(os.sched_getaffinity(0))
 
 
@@ -27,11 +27,11 @@ class FetchOptions:
     """
 
     part_size: int = 32 * MiB
-    # Four ranges and two files per core this process may run on, up to 16 ranges of 8 files
+    # Four ranges and two files per CPU this process may run on, up to 16 ranges of 8 files
     # (1 GiB of buffers). Eight files at once, where there are cores for them: a file held up by
     # a slow stretch of disk (its direct writes queue behind it, partial.py) must not leave the
     # link idle (2.5 Gbit/s, before the writes went behind the hash, 5 alternating runs: 17.7 s
-    # against 19.7 s with 4 files and 8 ranges). On 2 cores the threads of 16 ranges and the
+    # against 19.7 s with 4 files and 8 ranges). On 2 CPUs the threads of 16 ranges and the
     # cold buffers they cycle cost CPU and fill the link no sooner (tests/perf/fetch.py's
     # synthetic model, 4.45 GB, medians of 3, 2026-12-07; 8 ranges of 4 files against 16 of 8):
     # at 2.5 Gbit/s into memory 15.4 s against 15.9, client CPU 2.38 s/GB against 3.19; onto
