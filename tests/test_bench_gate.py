@@ -58,6 +58,7 @@ def test_the_interval_is_the_same_on_every_read_and_narrows_with_agreeing_runs()
 
 
 @pytest.mark.timing
+@pytest.mark.timing_apart  # its 37 s beside the other timing tests' 20 (scripts/test)
 def test_ten_benches_of_one_server_never_flip_and_8_percent_slower_is_regressed_each_time(
     tmp_path,
 ):

@@ -73,12 +73,26 @@ def test_every_worker_of_a_session_uses_the_one_stack_it_started(stack):
     assert stack.s3_url.endswith(f":{os.environ[local_stack.S3_PORT_ENV]}")
 
 
-def test_the_test_command_runs_the_timing_tests_alone_after_the_rest():
+def test_the_test_command_runs_the_timing_tests_after_the_rest_in_two_processes_side_by_side():
     lines = (TESTS.parent / "scripts" / "test").read_text().splitlines()
     parallel = next(i for i, line in enumerate(lines) if '-m "not timing"' in line)
     assert " -n " in lines[parallel]
-    alone = next(i for i, line in enumerate(lines) if "-m timing" in line)
-    assert parallel < alone and " -n " not in lines[alone]
+    apart = next(i for i, line in enumerate(lines) if '-m "timing and timing_apart"' in line)
+    rest = next(i for i, line in enumerate(lines) if '-m "timing and not timing_apart"' in line)
+    assert parallel < apart < rest
+    assert lines[apart].endswith("&") and not lines[rest].endswith("&")  # side by side
+    assert lines[apart - 1] == "set -m"  # its own process group, its SIGINT the default
+    assert " -n " not in lines[apart] + lines[rest]
+
+
+def test_the_timing_tests_run_apart_are_timing_tests_and_there_are_some():
+    files = [str(p) for p in TESTS.glob("test_*.py") if "timing_apart" in p.read_text()]
+    collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    apart = subprocess.run([*collect, "-m", "timing_apart", *files], capture_output=True, text=True)
+    selected = re.search(r"(\d+)/\d+ tests? collected", apart.stdout)
+    assert apart.returncode == 0 and selected and int(selected[1]) >= 1, apart.stdout + apart.stderr
+    stray = [*collect, "-m", "timing_apart and not timing", *files]
+    assert subprocess.run(stray, capture_output=True, text=True).returncode == 5  # none
 
 
 def test_a_workers_rewritten_test_modules_are_kept_where_python_writes_no_bytecode(tmp_path):
