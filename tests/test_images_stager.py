@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -13,28 +12,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.lockfile import pins_with_hashes
 
 from pipelines.core.paths import IMAGES_DIR, REPO_ROOT
 from pipelines.stages.images.spec import ImageError, load_image
 from pipelines.stages.images.wheels import download_command, download_wheels
 
 STAGER = "weights-stager"
-PIN = re.compile(r"^([A-Za-z0-9_.-]+)==(\S+)")
-
-
-def pins_with_hashes(text: str) -> dict[str, tuple[str, frozenset[str]]]:
-    """name -> (version, hashes) of a pip-compile style requirements text."""
-    found: dict[str, tuple[str, frozenset[str]]] = {}
-    name = None
-    for line in text.splitlines():
-        match = PIN.match(line)
-        if match:
-            name = match.group(1).lower()
-            found[name] = (match.group(2), frozenset())
-        elif name and "--hash=sha256:" in line:
-            version, hashes = found[name]
-            found[name] = (version, hashes | {line.split("--hash=sha256:")[1].strip(" \\")})
-    return found
 
 
 def member_lib(lib: Path) -> Path:

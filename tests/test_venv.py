@@ -4,13 +4,13 @@ ensurepip where the interpreter's own pip can install uv, and with it where it h
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from support.act import uv_settings, wheelhouse
+from support.lockfile import pins_with_hashes, requirements_text
 
 REPO = Path(__file__).resolve().parent.parent
 # The packages a small project's lock takes from the real one: the installer, the pip the lock
@@ -19,27 +19,22 @@ TAKEN = ("pip", "setuptools", "uv")
 BASE_PYTHON = Path(sys.base_prefix) / "bin" / "python3"
 
 
-def lock_entries(names: tuple[str, ...]) -> str:
-    """Each named package's entry of requirements.lock: its pin and the --hash lines under it."""
-    text = (REPO / "requirements.lock").read_text()
-    entries = []
-    for name in names:
-        found = re.search(rf"^{name}==\S+ \\\n(?:    .*\n)+", text, re.MULTILINE)
-        assert found, f"requirements.lock: no entry for {name}"
-        entries.append(found[0])
-    return "".join(entries)
+def locked(names: tuple[str, ...]) -> dict[str, tuple[str, frozenset[str]]]:
+    """Each named package's pin and hashes, as requirements.lock has them."""
+    pins = pins_with_hashes((REPO / "requirements.lock").read_text())
+    return {name: pins[name] for name in names}
 
 
-def pins(names: tuple[str, ...]) -> set[str]:
+def pinned(names: tuple[str, ...]) -> set[str]:
     """name==version of each named package, as the lock pins it."""
-    return {line.split(" ")[0] for line in lock_entries(names).splitlines() if "==" in line}
+    return {f"{name}=={version}" for name, (version, _) in locked(names).items()}
 
 
 def small_project(root: Path) -> Path:
     """A checkout of scripts/venv with a lock of TAKEN only and a project of no modules."""
     (root / "scripts").mkdir(parents=True)
     shutil.copy2(REPO / "scripts" / "venv", root / "scripts" / "venv")
-    (root / "requirements.lock").write_text(lock_entries(TAKEN))
+    (root / "requirements.lock").write_text(requirements_text(locked(TAKEN)))
     (root / "pyproject.toml").write_text(
         '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
         '[project]\nname = "venvcheck"\nversion = "0"\n[tool.setuptools]\npy-modules = []\n'
@@ -88,12 +83,12 @@ def test_with_the_interpreters_pip_the_venv_is_made_without_ensurepip(tmp_path):
     bin_dir, asked = tmp_path / "bin", tmp_path / "asked"
     bin_dir.mkdir()
     wrapper = bin_dir / "python3"
-    wrapper.write_text(f'#!/bin/sh\necho "$*" >>{asked}\nexec {BASE_PYTHON} "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >>"{asked}"\nexec "{BASE_PYTHON}" "$@"\n')
     wrapper.chmod(0o755)
     root = small_project(tmp_path / "checkout")
     made = make_venv(root, bin_dir)
     assert made.returncode == 0, made.stdout + made.stderr
-    assert installed(root) == pins(TAKEN)
+    assert installed(root) == pinned(TAKEN)
     asked_lines = asked.read_text().splitlines()
     assert [line for line in asked_lines if line.startswith("-m venv")] == [
         "-m venv --without-pip .venv"
@@ -111,4 +106,4 @@ def test_without_a_pip_in_the_interpreter_ensurepips_installs_uv_and_the_lock_re
     made = make_venv(root, bare / "bin")
     assert made.returncode == 0, made.stdout + made.stderr
     # The lock's pip and setuptools, not the older ones ensurepip bundles.
-    assert installed(root) == pins(TAKEN)
+    assert installed(root) == pinned(TAKEN)
