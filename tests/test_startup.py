@@ -126,6 +126,26 @@ def test_signing_and_opening_an_envelope_load_no_boto3_and_s3_clients_still_do()
     assert json.loads(said.splitlines()[-1]) == ["k", [], "S3"]
 
 
+S3_CLIENTS = """
+import json, sys
+from pipelines.engine.remote.remote import RemoteCache
+from pipelines.stages.weights.s3 import s3_client
+weights, cache = s3_client(), RemoteCache("s3://cache/prefix", {}).client
+loaded = "OpenSSL" in sys.modules
+import urllib3.contrib.pyopenssl  # held back only while botocore loaded
+print(json.dumps([type(weights).__name__, type(cache).__name__, loaded, "OpenSSL" in sys.modules]))
+"""
+
+
+def test_the_s3_clients_load_no_pyopenssl_and_leave_it_importable():
+    """botocore would import urllib3's pyOpenSSL module (and pyOpenSSL) for urllib3's own
+    SSLContext: held back while botocore loads, so a process that makes S3 clients skips it;
+    a later import of it works as usual. No request is made."""
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_REGION": "x"}
+    said = python("-c", S3_CLIENTS, env=env)
+    assert json.loads(said.splitlines()[-1]) == ["S3", "S3", False, True]
+
+
 def test_the_s3_clients_of_a_run_load_the_service_model_once_and_follow_the_environment(
     monkeypatch,
 ):

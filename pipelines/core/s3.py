@@ -60,26 +60,47 @@ def s3_errors(what: str, unreachable: type[Unreachable] = Unreachable) -> Iterat
         raise (unreachable if down else PipelineError)(describe_s3_error(err, what)) from None
 
 
-# boto3 sessions are not thread-safe: clients are made from the shared one under this lock
-# (and boto3 is held back under it: boto3_held_back).
-_MAKING_CLIENT = threading.Lock()
+# boto3 sessions are not thread-safe: clients are made from the shared one under this lock,
+# and what is held back (held_back) is held under it too, so no thread of ours imports it
+# meanwhile. Reentrant: a session is made, and botocore loaded, while a client is being made.
+_MAKING_CLIENT = threading.RLock()
 
 
 @contextlib.contextmanager
-def boto3_held_back() -> Iterator[None]:
-    """Inside the block `import boto3` fails (ModuleNotFoundError), where this process has not
-    loaded it yet: for a library that loads boto3 only to offer what this project never uses.
-    Held under the clients' lock, so no thread of ours is loading boto3 for a client meanwhile."""
+def held_back(name: str) -> Iterator[None]:
+    """Inside the block `import name` fails (ModuleNotFoundError), where this process has not
+    loaded it yet: for a library that loads a module only to offer what this project never
+    uses."""
     with _MAKING_CLIENT:
-        if "boto3" in sys.modules:
+        if name in sys.modules:
             yield
             return
-        sys.modules["boto3"] = None  # type: ignore[assignment]  # the import system's "absent"
+        sys.modules[name] = None  # type: ignore[assignment]  # the import system's "absent"
         try:
             yield
         finally:
-            if sys.modules.get("boto3", False) is None:
-                del sys.modules["boto3"]
+            if sys.modules.get(name, False) is None:
+                del sys.modules[name]
+
+
+def load_botocore() -> None:
+    """Load botocore's HTTP layer without urllib3's pyOpenSSL module.
+
+    botocore imports that module (and so pyOpenSSL: 0.06 s of every process that makes an S3
+    client, tests/perf/remote_cache.py) only to take urllib3's own SSLContext from it, and takes
+    the same class from urllib3.util.ssl_ when the import fails.
+    """
+    if "botocore.httpsession" not in sys.modules:
+        with held_back("urllib3.contrib.pyopenssl"):
+            import botocore.httpsession  # noqa: F401
+
+
+def client_config(**options: Any) -> Any:
+    """A botocore Config of options (botocore loaded as load_botocore does)."""
+    load_botocore()
+    import botocore.config
+
+    return botocore.config.Config(**options)
 
 
 def shared_session() -> boto3.session.Session:
@@ -97,6 +118,7 @@ def shared_session() -> boto3.session.Session:
 @cache
 def _session(chain_digest: str) -> boto3.session.Session:
     """A boto3 session, one per digest of the AWS_* environment."""
+    load_botocore()
     import boto3
 
     return boto3.session.Session()

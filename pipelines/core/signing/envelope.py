@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipelines.core.s3 import boto3_held_back
+from pipelines.core.s3 import held_back
 from pipelines.core.signing.namedkeys import PublicKey, SigningKey
 
 # securesystemslib is imported where an envelope is made or opened, not when tasks are listed.
@@ -38,7 +38,7 @@ def load_securesystemslib() -> None:
     checks an attestation) where boto3 is installed, as it is here for S3. Held back, that
     signer is unavailable, as the library leaves it where boto3 is missing; ours are ed25519."""
     if "securesystemslib.signer" not in sys.modules:
-        with boto3_held_back():
+        with held_back("boto3"):
             import securesystemslib.signer  # noqa: F401
 
 

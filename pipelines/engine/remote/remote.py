@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines.core import errors
 from pipelines.core.errors import BadInput, PipelineError
-from pipelines.core.s3 import S3_CLIENT_OPTIONS, chain_has_credentials, make_client, s3_errors
+from pipelines.core.s3 import (
+    S3_CLIENT_OPTIONS,
+    chain_has_credentials,
+    client_config,
+    make_client,
+    s3_errors,
+)
 from pipelines.core.signing.namedkeys import PublicKey, SigningKey
 from pipelines.engine.remote.entries import (
     MAX_INDEX_BYTES,
@@ -85,7 +91,6 @@ class RemoteCache:
     def client(self) -> S3Client:
         """A boto3 S3 client from the standard AWS chain (made on first use)."""
         import botocore
-        import botocore.config
 
         options = dict(CLIENT_CONFIG)
         if not chain_has_credentials():
@@ -96,7 +101,7 @@ class RemoteCache:
                 )
             # A read-only run without credentials (a fork's pull request): anonymous reads.
             options["signature_version"] = botocore.UNSIGNED
-        config = botocore.config.Config(max_pool_connections=WORKERS * 2, **options)
+        config = client_config(max_pool_connections=WORKERS * 2, **options)
         client: S3Client = make_client(config)
         return client
 

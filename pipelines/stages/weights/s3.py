@@ -5,10 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import botocore.config
-
 from pipelines.core.errors import BadInput
-from pipelines.core.s3 import MODEL_S3_OPTIONS, chain_has_credentials, make_client
+from pipelines.core.s3 import MODEL_S3_OPTIONS, chain_has_credentials, client_config, make_client
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
@@ -41,6 +39,6 @@ def s3_client(pool: int = 32) -> S3Client:
             "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
             " (for the local profile, `scripts/stack up` provides them)"
         )
-    config = botocore.config.Config(max_pool_connections=pool, **MODEL_S3_OPTIONS)
+    config = client_config(max_pool_connections=pool, **MODEL_S3_OPTIONS)
     client: S3Client = make_client(config)
     return client
