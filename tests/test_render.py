@@ -248,6 +248,39 @@ def test_a_core_kinds_schema_is_read_once_per_process_not_once_per_document(monk
     assert sorted(reads) == sorted({*reads}) and len(reads) == len(kinds) + 1
 
 
+def test_a_template_is_compiled_once_per_process_and_again_when_its_file_changes(
+    tmp_path, monkeypatch
+):
+    import jinja2
+
+    from pipelines.stages.render.documents import render_template, template_env
+
+    compiled: list[str | None] = []
+    real = jinja2.Environment.compile
+
+    def counted(self, source, name=None, filename=None, raw=False, defer_init=False):
+        compiled.append(name)
+        return real(self, source, name, filename, raw, defer_init)
+
+    monkeypatch.setattr(jinja2.Environment, "compile", counted)
+    first = tp3_docs()
+    compiled.clear()  # what an earlier test of this worker compiled counts for nothing here
+    template_env.cache_clear()
+    tp3_docs()
+    once = sorted(compiled)
+    assert once and once == sorted(set(once))
+    again = tp3_docs()
+    assert sorted(compiled) == once  # the second render compiled nothing
+    assert [d.text() for d in again] == [d.text() for d in first]
+
+    template = tmp_path / "t.yaml.j2"
+    template.write_text("key: {{ v | tojson }}\n")
+    assert render_template(template_env(tmp_path), "t.yaml.j2", {"v": 1}) == [{"key": 1}]
+    template.write_text("other: {{ v | tojson }}\n")
+    os.utime(template, ns=(0, 10**9))  # another mtime, whatever the clock's granularity
+    assert render_template(template_env(tmp_path), "t.yaml.j2", {"v": 1}) == [{"other": 1}]
+
+
 def test_rendering_twice_is_byte_identical_and_one_change_touches_only_its_documents(tmp_path):
     profile = load_profile("tp3-ring")
     outputs = []

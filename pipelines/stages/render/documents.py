@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,10 @@ try:  # libyaml's parser: PyYAML's own takes most of a render's time
     from yaml import CSafeLoader as FastLoader
 except ImportError:  # pragma: no cover - PyYAML built without libyaml
     from yaml import SafeLoader as FastLoader  # type: ignore[assignment]
+# libyaml's emitter, with no fallback: PyYAML's own writes some of the same documents with other
+# bytes (long multi-line strings folded elsewhere, some keys in the `? key` form), and a
+# document's bytes must not depend on how PyYAML was built. The lock's PyYAML wheels carry it.
+from yaml import CSafeDumper  # noqa: E402
 
 if TYPE_CHECKING:
     import jinja2
@@ -50,7 +55,9 @@ class Document:
 
     def text(self) -> str:
         """The document as YAML with a stable key order."""
-        return yaml.safe_dump(self.body, sort_keys=True, default_flow_style=False, width=1000)
+        return yaml.dump(
+            self.body, Dumper=CSafeDumper, sort_keys=True, default_flow_style=False, width=1000
+        )
 
 
 class Flow(str):
@@ -100,9 +107,14 @@ def data_only(value: object) -> Flow:
     raise RawValue(f"{value!r:.80} is written as raw text; expected it through `| tojson`")
 
 
+@cache
 def template_env(folder: Path = MANIFESTS_DIR) -> jinja2.Environment:
     """jinja2 with StrictUndefined (a missing value is an error, never an empty string), whose
-    `{{ }}` write only values through tojson: structure is the template's, values are data."""
+    `{{ }}` write only values through tojson: structure is the template's, values are data.
+
+    One per folder and process: a template is compiled once (jinja2 keeps it, and compiles it
+    again when its file changes), not at every render of a process that renders many.
+    """
     import jinja2  # loaded when something is rendered, not for a no-op run
 
     env = jinja2.Environment(
