@@ -91,7 +91,9 @@ def shard_chunks(shape: SyntheticShape, n: int, chunk: int = 4 * MiB) -> Iterato
     header += b" " * (-len(header) % 8)
     yield struct.pack("<Q", len(header)) + header
     # One random pool per shard, each chunk stamped with its index: unique bytes, made fast.
-    pool = hashlib.shake_256(f"{shape.seed}/{n}".encode()).digest(chunk)
+    # No longer than the shard: SHAKE's shorter output is a prefix of its longer one, so the
+    # bytes are the same, and a 1 MiB shard no longer draws 4 MiB.
+    pool = hashlib.shake_256(f"{shape.seed}/{n}".encode()).digest(min(chunk, size))
     done = 0
     index = 0
     while done < size:
