@@ -3,6 +3,8 @@ ensurepip where the interpreter's own pip can install uv, and with it where it h
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import os
 import shutil
 import subprocess
@@ -64,14 +66,15 @@ def make_venv(root: Path, path_first: Path, **env: str) -> subprocess.CompletedP
 
 
 def installed(root: Path) -> set[str]:
-    """name==version of what the venv holds, the editable project aside."""
-    freeze = subprocess.run(
-        [root / ".venv" / "bin" / "python", "-m", "pip", "freeze", "--all", "--exclude-editable"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return {line.lower() for line in freeze.stdout.split()}
+    """name==version of what the venv holds, the editable project aside: its dist-info folders
+    read as pip freeze reads them, without starting pip (0.5 CPU s)."""
+    (site,) = (root / ".venv" / "lib").glob("python3*/site-packages")
+    found = set()
+    for dist in importlib.metadata.distributions(path=[str(site)]):
+        direct = json.loads(dist.read_text("direct_url.json") or "{}")
+        if not direct.get("dir_info", {}).get("editable"):
+            found.add(f"{dist.metadata['Name']}=={dist.version}".lower())
+    return found
 
 
 def test_with_the_interpreters_pip_the_venv_is_made_without_ensurepip(tmp_path):
