@@ -9,8 +9,6 @@ import os
 import socket
 import time
 
-import boto3
-import botocore.config
 import pytest
 from support import http_double
 from support.cutting_proxy import CuttingProxy
@@ -21,7 +19,7 @@ from pipelines.core.modellock import (
     LockEntry,
 )
 from pipelines.core.progress import NoProgress
-from pipelines.core.s3 import MODEL_S3_OPTIONS
+from pipelines.core.s3 import MODEL_S3_OPTIONS, client_config
 from pipelines.stages.weights import bucket as bucket_module
 from pipelines.stages.weights import fetch as fetch_module
 from pipelines.stages.weights import ranges as ranges_module
@@ -35,13 +33,15 @@ BIG = "model-00047-of-00048.safetensors"
 
 def proxied_client(proxy: CuttingProxy, stack, stack_env):
     """A boto3 client for the stack's S3 through the proxy, as the pipeline configures one."""
+    import boto3  # loaded by the tests that make a client, not by every worker's collection
+
     return boto3.session.Session().client(
         "s3",
         endpoint_url=f"http://127.0.0.1:{proxy.port}",
         region_name=stack.s3_region,
         aws_access_key_id=stack_env["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=stack_env["AWS_SECRET_ACCESS_KEY"],
-        config=botocore.config.Config(max_pool_connections=4, **MODEL_S3_OPTIONS),
+        config=client_config(max_pool_connections=4, **MODEL_S3_OPTIONS),
     )
 
 
@@ -161,13 +161,15 @@ class WholeBody(http.server.BaseHTTPRequestHandler):
 
 def client_for(endpoint: str, max_attempts: int = 5):
     """A boto3 client as the pipeline configures one, for endpoint, with test keys."""
+    import boto3
+
     return boto3.session.Session().client(
         "s3",
         endpoint_url=endpoint,
         region_name="us-east-1",
         aws_access_key_id="test",
         aws_secret_access_key="test",
-        config=botocore.config.Config(
+        config=client_config(
             **{**MODEL_S3_OPTIONS, "retries": {"max_attempts": max_attempts, "mode": "standard"}}
         ),
     )

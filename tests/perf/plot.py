@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
-
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
+from typing import Any
 
 OUT = Path(__file__).resolve().parent / "out"
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot drawing into files only, loaded when a chart is drawn: the test
+    workers import the helpers of this folder (tests/conftest.py), and pyplot was 0.3 s of
+    each worker's collection."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def bar_chart(name: str, title: str, unit: str, values: dict[str, float]) -> Path:
     """One horizontal bar per tool (ours first), the value printed on each; returns the path."""
     OUT.mkdir(exist_ok=True)
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 0.6 * len(values) + 1.5))
     labels = list(values)[::-1]
     bars = ax.barh(
@@ -37,6 +46,7 @@ def bar_chart(name: str, title: str, unit: str, values: dict[str, float]) -> Pat
 def rate_chart(name: str, title: str, series: dict[str, list[tuple[float, float]]]) -> Path:
     """Rate over time, one line per tool (ours first, thicker); returns the path."""
     OUT.mkdir(exist_ok=True)
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     for label, points in series.items():
         ours = "sparkforge" in label or "ours" in label
