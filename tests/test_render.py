@@ -281,6 +281,16 @@ def test_a_template_is_compiled_once_per_process_and_again_when_its_file_changes
     assert render_template(template_env(tmp_path), "t.yaml.j2", {"v": 1}) == [{"other": 1}]
 
 
+def test_a_pyyaml_without_libyaml_is_one_line_not_other_bytes(monkeypatch):
+    # PyYAML's own emitter writes some documents with other bytes: no fallback to it.
+    monkeypatch.delattr(yaml, "CSafeDumper")
+    with pytest.raises(PipelineError) as err:
+        Document("a.yaml", {"kind": "ConfigMap"}).text()
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("a.yaml: PyYAML ") and "has no libyaml" in message
+
+
 def test_rendering_twice_is_byte_identical_and_one_change_touches_only_its_documents(tmp_path):
     profile = load_profile("tp3-ring")
     outputs = []

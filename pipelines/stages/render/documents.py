@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from pipelines.core.errors import BadInput
+from pipelines.core.errors import BadInput, PipelineError
 from pipelines.core.modellock import Lock
 from pipelines.core.paths import MANIFESTS_DIR
 
@@ -19,10 +19,6 @@ try:  # libyaml's parser: PyYAML's own takes most of a render's time
     from yaml import CSafeLoader as FastLoader
 except ImportError:  # pragma: no cover - PyYAML built without libyaml
     from yaml import SafeLoader as FastLoader  # type: ignore[assignment]
-# libyaml's emitter, with no fallback: PyYAML's own writes some of the same documents with other
-# bytes (long multi-line strings folded elsewhere, some keys in the `? key` form), and a
-# document's bytes must not depend on how PyYAML was built. The lock's PyYAML wheels carry it.
-from yaml import CSafeDumper  # noqa: E402
 
 if TYPE_CHECKING:
     import jinja2
@@ -54,9 +50,19 @@ class Document:
     body: dict[str, Any]
 
     def text(self) -> str:
-        """The document as YAML with a stable key order."""
+        """The document as YAML with a stable key order, written by libyaml's emitter."""
+        # No fallback to PyYAML's own emitter: it writes some of the same documents with other
+        # bytes (long multi-line strings folded elsewhere, some keys in the `? key` form), and
+        # a document's bytes must not depend on how PyYAML was built. The lock's wheels carry
+        # libyaml; a PyYAML built without it is one line, not other bytes.
+        dumper = getattr(yaml, "CSafeDumper", None)
+        if dumper is None:
+            raise PipelineError(
+                f"{self.file}: PyYAML {yaml.__version__} here has no libyaml, whose emitter"
+                " writes every rendered document; install the lock's (bash scripts/install)"
+            )
         return yaml.dump(
-            self.body, Dumper=CSafeDumper, sort_keys=True, default_flow_style=False, width=1000
+            self.body, Dumper=dumper, sort_keys=True, default_flow_style=False, width=1000
         )
 
 
