@@ -23,6 +23,8 @@ from support.stack import PORT_VARIABLES, SESSION_ENV, SHARED_STACK, STARTED_BY,
 import devstack as local_stack
 
 TESTS = Path(__file__).resolve().parent
+# A collection of tests in a fresh pytest process, the suite's configuration and plugins loaded.
+COLLECT = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
 
 
 def test_a_files_tests_share_a_worker_and_the_ring_files_share_one():
@@ -87,11 +89,10 @@ def test_the_test_command_runs_the_timing_tests_after_the_rest_in_two_processes_
 
 def test_the_timing_tests_run_apart_are_timing_tests_and_there_are_some():
     files = [str(p) for p in TESTS.glob("test_*.py") if "timing_apart" in p.read_text()]
-    collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
-    apart = subprocess.run([*collect, "-m", "timing_apart", *files], capture_output=True, text=True)
+    apart = subprocess.run([*COLLECT, "-m", "timing_apart", *files], capture_output=True, text=True)
     selected = re.search(r"(\d+)/\d+ tests? collected", apart.stdout)
     assert apart.returncode == 0 and selected and int(selected[1]) >= 1, apart.stdout + apart.stderr
-    stray = [*collect, "-m", "timing_apart and not timing", *files]
+    stray = [*COLLECT, "-m", "timing_apart and not timing", *files]
     assert subprocess.run(stray, capture_output=True, text=True).returncode == 5  # none
 
 
@@ -105,9 +106,8 @@ def test_a_workers_rewritten_test_modules_are_kept_where_python_writes_no_byteco
         kept.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("PYTHONPYCACHEPREFIX", None)
-    collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
     result = subprocess.run(
-        [*collect, str(TESTS / "test_lanes.py")], env=env, capture_output=True, text=True
+        [*COLLECT, str(TESTS / "test_lanes.py")], env=env, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert list(cache.glob("test_lanes.*-pytest-*.pyc")), sorted(p.name for p in cache.iterdir())
