@@ -29,7 +29,7 @@ from support.act import (
     uv_settings,
     wheelhouse,
 )
-from support.deploying import second_engine, shared_cores
+from support.deploying import second_engine, seed_image, shared_cores
 from support.doit import run_doit
 from support.ports import spare_ports
 from support.registry_repos import delete_repository, key_tags
@@ -66,6 +66,11 @@ def lab(stack, tmp_path_factory, docker_client):
             profile["staging"] = {"port": spare_ports(), "peer_wait_s": 120}
         (profiles / f"{name}.yaml").write_text(yaml.safe_dump(profile))
     namespace = f"sparkforge-act-{uuid.uuid4().hex[:8]}"
+    # local-sim in the lab's namespace under its key, as the build workflow pushes it on main
+    # (the session's one build, copied): the deploy job finds it by key and trusts its
+    # attestation. Building it is the image tests'; here it was a build of every act run.
+    repository = f"{namespace}/sparkforge/local-sim"
+    seed_image(stack, repository, root / "store", tmp_path_factory)
     credentials = local_stack.s3_credentials()
     secrets = {
         "AWS_ACCESS_KEY_ID": credentials["AWS_ACCESS_KEY_ID"],
