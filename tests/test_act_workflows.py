@@ -57,6 +57,11 @@ def lab(stack, tmp_path_factory, docker_client):
         # The workflows' plumbing, in the parallel lane: support/deploying.py's shared_cores.
         profile = shared_cores(yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text()))
         profile["simulator"]["port"] = spare_ports(len(profile["members"]))
+        if name == "local":
+            # The workflows' plumbing, not the bench's numbers (tests/test_deploy_bench.py runs
+            # the profile's whole bench): the sweep's ends, a shorter saturation run and one
+            # needle, every baseline metric still measured (a bench of 17 s where the whole is 27).
+            profile["bench"].update(concurrency=[1, 8], saturation_tokens=700, needles=[2000])
         if name == "local-ring":
             # Two members on one host stage the weights (deploy.yml's stage_ring) only with a
             # folder and a link address each, as two hosts would have (tests/test_deploy_staging).
