@@ -132,7 +132,7 @@ def deploy_stage(world: World, image: str, timeout_s: float = 5.0, **kube) -> De
     )
     # Nor the model's signature (tp3-ring's lock is not signed here): tests/test_model_signature.py.
     stage.model_signature = lambda: []
-    access = KubeAccess(str(world.kubeconfig), poll_s=0.001, **kube)
+    access = KubeAccess(str(world.kubeconfig), **{"poll_s": 0.001, **kube})
     site = stage.settings.site
     stage.settings = DeploySettings(site, timeout_s, "test", lambda: "0" * 40, access)
     # The store is shared, the history is the test's (the stage writes it, its view reads it).
@@ -582,12 +582,13 @@ def test_the_ring_staging_jobs_wait_on_their_own_timeout_not_the_deploys(world, 
     from pipelines.stages.deploy.kubernetes import Kubernetes
 
     folder = staged_tp3_documents(tmp_path / "render")
-    # Member 0 stages for 400 reads, each after a 1 ms poll: over twice the deploy's 0.2 s.
-    slow = [job_status("Running")] * 400 + [job_status("Complete")]
+    # Member 0 stages for 80 reads, each after a 5 ms poll: over twice the deploy's 0.2 s (a
+    # fifth of the requests 1 ms polls took for the same wait).
+    slow = [job_status("Running")] * 80 + [job_status("Complete")]
     world.double.script("Job", "dsv41-flash-stage-weights-0", slow)
 
     def apply(stage_timeout_s: float) -> None:
-        access = KubeAccess(str(world.kubeconfig), poll_s=0.001, stage_timeout_s=stage_timeout_s)
+        access = KubeAccess(str(world.kubeconfig), poll_s=0.005, stage_timeout_s=stage_timeout_s)
         backend = Kubernetes(load_profile("tp3-ring"), (), 0.2, access)
         try:
             backend.apply(backend.load("k" * 64, folder))
@@ -605,15 +606,15 @@ def test_the_ring_staging_jobs_wait_on_their_own_timeout_not_the_deploys(world, 
 
 def test_the_models_download_waits_on_the_staging_timeout_not_the_deploys(world):
     # The shipped tp3 lock is not complete: the operator downloads the model (460 GB) itself,
-    # here for 400 reads, each after a 1 ms poll: over twice the deploy's 0.2 s.
-    slow = [{"phase": "Downloading"}] * 400 + [{"phase": "Ready"}]
+    # here for 80 reads, each after a 5 ms poll: over twice the deploy's 0.2 s.
+    slow = [{"phase": "Downloading"}] * 80 + [{"phase": "Ready"}]
     world.double.script("Model", "dsv41-flash-exl3", slow)
     with pytest.raises(DeployError) as short:
-        deploy(world, IMAGE_A, timeout_s=60.0, stage_timeout_s=0.2)
+        deploy(world, IMAGE_A, timeout_s=60.0, stage_timeout_s=0.2, poll_s=0.005)
     assert "Model/dsv41-flash-exl3: not done after 0.2 s (phase Downloading)" in str(short.value)
 
     world.double.script("Model", "dsv41-flash-exl3", slow)
-    stage = deploy(world, IMAGE_A, timeout_s=0.2, stage_timeout_s=60.0)
+    stage = deploy(world, IMAGE_A, timeout_s=0.2, stage_timeout_s=60.0, poll_s=0.005)
     assert outcomes(stage)[-1] == "deployed"
 
 
