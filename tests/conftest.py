@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "perf"))
 # The support modules hold fixtures whose asserts should explain themselves (pytest rewrites
 # them), and conftest imports some before pytest loads them as plugins.
 pytest.register_assert_rewrite("support")
-from support.deploying import remove_source_image  # noqa: E402
+from support.deploying import remove_source_images  # noqa: E402
 from support.skips import SkipPolicy  # noqa: E402
 from support.stack import SESSION_ENV, stop_if_started_here  # noqa: E402
 
@@ -54,11 +54,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Once every worker is done: remove the session's build of local-sim that the deploy
+    """Once every worker is done: remove the session's builds of the images the deploy
     modules copied (support/deploying.py), and stop the tests' stack if this session started
     it."""
     if is_controller(session.config):
-        remove_source_image()
+        remove_source_images()
         stop_if_started_here()
 
 

@@ -30,7 +30,6 @@ from support.act import (
     wheelhouse,
 )
 from support.deploying import second_engine, seed_image, shared_cores
-from support.doit import run_doit
 from support.ports import spare_ports
 from support.registry_repos import delete_repository, key_tags
 
@@ -131,22 +130,13 @@ def lab(stack, tmp_path_factory, docker_client):
 
 
 @pytest.fixture(scope="module")
-def ring_lab(lab, stack):
-    """The lab with its ring's weights-stager built and pushed, as docs/staging.md asks a lab to do
-    once (`doit stager_image profile=local-ring`, as root), and its digest set as the variable."""
+def ring_lab(lab, stack, tmp_path_factory):
+    """The lab with its ring's weights-stager in its namespace, as docs/staging.md asks a lab to
+    build and push once (`doit stager_image profile=local-ring`: the session's one build,
+    copied), and its digest set as the variable."""
     namespace = lab["variables"]["SPARKFORGE_REGISTRY_NAMESPACE"]
-    built = run_doit(
-        "stager_image",
-        "profile=local-ring",
-        env={
-            **os.environ,
-            "SPARKFORGE_PROFILES": str(lab["profiles"]),
-            "SPARKFORGE_STORE": str(lab["root"] / "stager-store"),
-            "SPARKFORGE_REGISTRY_NAMESPACE": namespace,
-        },
-    )
-    assert built.returncode == 0, built.stdout + built.stderr
     repository = f"{namespace}/sparkforge/weights-stager"
+    seed_image(stack, repository, lab["store"], tmp_path_factory, image="weights-stager")
     (tag,) = key_tags(stack.registry, repository)  # the build's own tag, by its key
     base = f"http://{stack.registry}/v2/{repository}"
     digest = requests.head(f"{base}/manifests/{tag}", headers={"Accept": ACCEPT}, timeout=10)

@@ -18,8 +18,10 @@ from support.deploying import (
     make_world,
     member,
     second_engine,
+    seed_image,
 )
 from support.ports import spare_ports
+from support.registry_repos import delete_repository
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -28,7 +30,10 @@ REPO = Path(__file__).resolve().parent.parent
 def staging_ring(space, stack, tmp_path_factory):
     """The ring with a weights folder per member and its own link address on loopback
     (127.0.0.2 and 127.0.0.3), as two hosts would have: each member's blob server and folder
-    are its own although both engines run on this machine."""
+    are its own although both engines run on this machine; its weights-stager in the module's
+    namespace under its key (the session's one build, copied), as a lab pushes it once."""
+    stager = space["repository"].rsplit("/", 1)[0] + "/weights-stager"
+    seed_image(stack, stager, space["store"], tmp_path_factory, image="weights-stager")
     world = make_world(space, stack, "local-ring", f"{space['prefix']}stage")
     roots = [tmp_path_factory.mktemp(f"member{rank}") for rank in range(2)]
     profile = world["profile"]
@@ -37,7 +42,8 @@ def staging_ring(space, stack, tmp_path_factory):
     profile["staging"] = {"port": spare_ports(), "peer_wait_s": 120}
     (space["profiles"] / f"{world['name']}.yaml").write_text(yaml.safe_dump(profile))
     lock = yaml.safe_load((REPO / "weights" / f"{profile['model']['lock']}.lock.yaml").read_text())
-    return {**world, "roots": roots, "lock": lock}
+    yield {**world, "roots": roots, "lock": lock}
+    delete_repository(stack.registry, stager)
 
 
 DONE = re.compile(

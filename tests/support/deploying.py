@@ -62,14 +62,24 @@ def space(stack, tmp_path_factory, docker_client):
     delete_repository(stack.registry, repository)
 
 
-def source_repository() -> str:
-    """The repository of the session's one build of local-sim (removed when the session ends)."""
-    return f"sparkforge-test-src-{os.environ[SESSION_ENV][:12]}/sparkforge/local-sim"
+# The images the deploy tests find in their namespaces, by the doit task that builds each (as a
+# lab's CI does once: the build workflow for local-sim, docs/staging.md for the ring's stager).
+SEEDED = {
+    "local-sim": ("image", "profile=local"),
+    "weights-stager": ("stager_image", "profile=local-ring"),
+}
 
 
-def seed_image(stack, repository: str, store: Path, tmp_path_factory) -> None:
-    """local-sim in a module's repository under its key, copied inside the registry from the
-    session's one build of it (the first module to ask builds it with `doit image`, the others
+def source_repository(image: str) -> str:
+    """The repository of the session's one build of image (removed when the session ends)."""
+    return f"sparkforge-test-src-{os.environ[SESSION_ENV][:12]}/sparkforge/{image}"
+
+
+def seed_image(
+    stack, repository: str, store: Path, tmp_path_factory, image: str = "local-sim"
+) -> None:
+    """image in a module's repository under its key, copied inside the registry from the
+    session's one build of it (the first module to ask builds it with its doit task, the others
     wait for it), and the key that signed its attestation in the module's store, as the lab's
     signing key is every runner's: the module's first deploy finds its image by key and
     trusts it, as a deploy job finds what CI's build job pushed. Building it is the image
@@ -77,31 +87,35 @@ def seed_image(stack, repository: str, store: Path, tmp_path_factory) -> None:
     base = tmp_path_factory.getbasetemp()
     # Under pytest-xdist each worker's basetemp is a folder of the session's own.
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    source, built_in = source_repository(), shared / "local-sim-source-store"
-    with (shared / "local-sim-source.lock").open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another module building it: wait for its push
+    # One store and one lock for every seeded image: one signing key vouches for them all.
+    source, built_in = source_repository(image), shared / "source-images-store"
+    with (shared / "source-images.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another module building one: wait for its push
         if not key_tags(stack.registry, source):
             env = {
                 **os.environ,
                 "SPARKFORGE_STORE": str(built_in),
                 "SPARKFORGE_REGISTRY_NAMESPACE": source.split("/")[0],
             }
-            built = run_doit("image", "profile=local", env=env)
-            assert built.returncode == 0, f"doit image: {built.stdout[-1500:]}{built.stderr}"
+            built = run_doit(*SEEDED[image], env=env)
+            assert built.returncode == 0, (
+                f"doit {SEEDED[image][0]}: {built.stdout[-1500:]}{built.stderr}"
+            )
     (tag,) = key_tags(stack.registry, source)
     copy_image(stack.registry, source, repository, tag)
-    shutil.copytree(built_in / "keys", store / "keys")
+    shutil.copytree(built_in / "keys", store / "keys", dirs_exist_ok=True)
 
 
-def remove_source_image() -> None:
-    """Remove the session's build of local-sim from the tests' registry, where it was made."""
+def remove_source_images() -> None:
+    """Remove the session's builds of the seeded images from the tests' registry."""
     import devstack
     from devstack.settings import StackDown
 
     try:
         registry = devstack.read_endpoints().registry
-        if key_tags(registry, source_repository()):
-            delete_repository(registry, source_repository())
+        for image in SEEDED:
+            if key_tags(registry, source_repository(image)):
+                delete_repository(registry, source_repository(image))
     except (StackDown, requests.RequestException):
         return  # no stack up: no session build in it either
 
