@@ -83,7 +83,8 @@ def seed_image(
     wait for it), and the key that signed its attestation in the module's store, as the lab's
     signing key is every runner's: the module's first deploy finds its image by key and
     trusts it, as a deploy job finds what CI's build job pushed. Building it is the image
-    tests' (tests/test_images.py); each module built the same key before, nine builds a run."""
+    tests' (tests/test_images.py, tests/test_reproducible.py) and the seed's own, which runs
+    the doit task a lab runs; each module built its own before (local-sim nine times a run)."""
     base = tmp_path_factory.getbasetemp()
     # Under pytest-xdist each worker's basetemp is a folder of the session's own.
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
