@@ -20,6 +20,7 @@ from support.deploying import (
     second_engine,
     seed_image,
 )
+from support.doit import run_doit
 from support.ports import spare_ports
 from support.registry_repos import delete_repository
 
@@ -156,3 +157,14 @@ def test_a_fresh_nodes_missing_weights_folder_is_made(staging_ring, tmp_path):
     assert done["ring-a"][1:] == (0.0, 0.0), done
     assert abs(done["ring-b"][1] + done["ring-b"][2] - total_mib) < 0.2 and done["ring-b"][2] > 0
     assert len(list((fresh / "blobs" / "sha256").iterdir())) == len(files)
+
+
+def test_stage_ring_builds_its_stager_first_where_no_lab_pushed_one():
+    # The module above finds the stager its seed pushed, as a lab's ring does; where none was
+    # pushed, stage_ring's own graph builds it before staging (the image step finds or builds it
+    # by key, tests/test_images.py).
+    # (`doit info` exits 1 for a task that would run: its listing is what counts.)
+    info = run_doit("info", "stage_ring", "profile=local-ring")
+    assert "task_dep" in info.stdout, info.stdout + info.stderr
+    listed = info.stdout.split("task_dep", 1)[1].split("\n\n", 1)[0]
+    assert "stager_image" in re.findall(r"^ - (\S+)$", listed, re.MULTILINE), info.stdout
