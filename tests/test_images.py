@@ -190,7 +190,11 @@ def test_local_sim_is_built_once_per_key_and_a_changed_byte_rebuilds(
     assert registry.manifest_digest(repository, RegistryCache.key_tag(key)) is None
     capsys.readouterr()
     engine.run(images.image_step)
-    assert f"image: built {key[:16]} in registry" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert f"image: built {key[:16]} in registry" in said
+    # The base's layer, which the base's repository holds, is mounted from it, not sent again.
+    base_repository = local_base.rpartition("@")[0].partition("/")[2]
+    assert re.search(rf"^push: [0-9a-f]{{12}}: .* mounted from {base_repository}$", said, re.M)
     digest = registry.manifest_digest(repository, RegistryCache.key_tag(key))
     assert digest is not None
     (candidate,) = images.image_step.cache.extra_tags()  # the checkout's commit, as CI tags

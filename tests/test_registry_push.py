@@ -1,17 +1,24 @@
 """Pushes that survive a cut: a blob goes up in chunks, and a connection cut mid-chunk goes on
 where the registry says the upload stands; the local stack's registry (CNCF distribution) gives
 a session up once a chunk arrived in part, so the push starts a new one and says what it sent
-again."""
+again. A blob another repository of the registry holds (an image's base layer) is mounted from
+it, not sent again."""
 
 from __future__ import annotations
 
 import hashlib
+import http.server
 import os
+import uuid
 
+import pytest
+import requests
+from support import http_double
 from support.cutting_proxy import CuttingProxy
 
 from pipelines.core.progress import NoProgress
 from pipelines.stages.images.registry import Registry
+from pipelines.stages.images.spec import ImageError
 
 MiB = 1 << 20
 
@@ -85,3 +92,95 @@ def test_a_session_the_registry_dropped_mid_push_starts_again_from_byte_zero(
     direct = Registry(stack.registry)
     r = direct._call("GET", f"{direct.base}/{repo}/blobs/{digest}")
     assert r.status == 200 and hashlib.sha256(r.data).hexdigest() == digest[7:]
+
+
+def upload(registry: str, repo: str, data: bytes) -> str:
+    """data as a blob of repo, put by the API's monolithic upload (requests, not the code under
+    test); its digest."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    started = requests.post(f"http://{registry}/v2/{repo}/blobs/uploads/", timeout=30)
+    assert started.status_code == 202, started.text
+    location = started.headers["Location"]
+    url = location if location.startswith("http") else f"http://{registry}{location}"
+    put = requests.put(url, params={"digest": digest}, data=data, timeout=30)
+    assert put.status_code == 201, put.text
+    return digest
+
+
+def blob_of(registry: str, repo: str, digest: str) -> bytes | None:
+    """The blob's bytes as the registry serves them in repo, or None where it has none."""
+    got = requests.get(f"http://{registry}/v2/{repo}/blobs/{digest}", timeout=30)
+    return got.content if got.status_code == 200 else None
+
+
+def test_a_blob_another_repository_holds_is_mounted_from_it_not_sent(stack, tmp_path, capsys):
+    data = os.urandom(MiB)
+    run = uuid.uuid4().hex[:12]
+    source, target = f"sparkforge-test/base-{run}", f"sparkforge-test/image-{run}"
+    digest = upload(stack.registry, source, data)
+    # Other bytes at the path: had the push sent them, the registry would refuse the digest.
+    other = tmp_path / "layer"
+    other.write_bytes(bytes(MiB))
+    assert not Registry(stack.registry).push_blob(
+        target, digest, other, NoProgress(), mount_from=source
+    )
+    assert blob_of(stack.registry, target, digest) == data
+    said = capsys.readouterr().out.splitlines()
+    assert f"push: {digest[7:19]}: 1.0 MiB mounted from {source}" in said
+
+
+def test_a_blob_the_mount_source_lacks_is_sent_in_the_session_the_registry_opened(
+    stack, tmp_path, capsys
+):
+    data = os.urandom(MiB)
+    blob = tmp_path / "layer"
+    blob.write_bytes(data)
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    run = uuid.uuid4().hex[:12]
+    source, target = f"sparkforge-test/base-{run}", f"sparkforge-test/image-{run}"
+    upload(stack.registry, source, b"another blob")  # the source exists, without this blob
+    assert Registry(stack.registry).push_blob(target, digest, blob, NoProgress(), mount_from=source)
+    assert blob_of(stack.registry, target, digest) == data
+    assert blob_of(stack.registry, source, digest) is None
+    assert "mounted" not in capsys.readouterr().out
+
+
+class NoSessionHandler(http.server.BaseHTTPRequestHandler):
+    """A registry that lacks every blob and answers an upload's start (a mount's too) with
+    `status` and no Location: no session to send the blob to."""
+
+    status = 202
+
+    def do_HEAD(self) -> None:
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self) -> None:
+        self.send_response(self.status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+# An upload's start answered without a session: a 201 or a 202 with no Location; a mount
+# answered 202 (not mounted) with no Location. (A mount answered 201 is a mount made.)
+NO_SESSION = [(201, None), (202, None), (202, "sparkforge/base-bookworm")]
+
+
+@pytest.mark.parametrize(("status", "mount_from"), NO_SESSION)
+def test_an_upload_started_without_a_session_is_one_line(tmp_path, status, mount_from):
+    handler = type("Handler", (NoSessionHandler,), {"status": status})
+    blob = tmp_path / "layer"
+    blob.write_bytes(b"layer bytes")
+    digest = "sha256:" + hashlib.sha256(b"layer bytes").hexdigest()
+    with http_double.serving(handler) as url:
+        host = url.removeprefix("http://")
+        with pytest.raises(ImageError) as err:
+            Registry(host).push_blob("sparkforge/tiny", digest, blob, NoProgress(), mount_from)
+    assert str(err.value) == (
+        f"registry {host}: start upload to sparkforge/tiny: expected 202 with a Location, got"
+        f" HTTP {status}"
+    )

@@ -11,11 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from pipelines.core.addresses import is_loopback
 from pipelines.core.progress import Progress, ProgressSink, human_bytes, say
-from pipelines.stages.images.oci import MANIFEST_TYPE, Image
+from pipelines.stages.images.oci import MANIFEST_TYPE, Blob, Image
 from pipelines.stages.images.registry_login import login
 from pipelines.stages.images.spec import ImageBadInput, ImageError, ImageUnreachable
 
@@ -209,14 +209,40 @@ class Registry:
         r = self._call("HEAD", f"{self.base}/{repo}/blobs/{digest}")
         return r.status == 200
 
-    def push_blob(self, repo: str, digest: str, path: Path, progress: ProgressSink) -> bool:
-        """Upload one blob unless present, in chunks (the API's PATCH with Content-Range). After
-        a cut, the upload goes on from where the registry says it stands; a registry that gave
-        the session up (distribution does, once a chunk arrived in part), then or later, gets a
-        new session from byte 0. True when it was sent."""
-        if self.has_blob(repo, digest):
+    def push_blob(
+        self,
+        repo: str,
+        digest: str,
+        path: Path,
+        progress: ProgressSink,
+        mount_from: str | None = None,
+    ) -> bool:
+        """Upload one blob unless present or mounted (`upload_session`); True when it was sent."""
+        location = self.upload_session(repo, digest, path, mount_from)
+        if location is None:
             return False
-        location = self._start_upload(repo)
+        self.upload(repo, digest, path, progress, location)
+        return True
+
+    def upload_session(
+        self, repo: str, digest: str, path: Path, mount_from: str | None
+    ) -> str | None:
+        """Where the blob at path is to be uploaded: None when repo holds it already, or holds
+        it now, mounted from the repository mount_from of this registry (no byte sent); else
+        the location of the upload session the registry opened."""
+        if self.has_blob(repo, digest):
+            return None
+        if mount_from is None:
+            return self._start_upload(repo)
+        return self._mount(repo, digest, mount_from, path)
+
+    def upload(
+        self, repo: str, digest: str, path: Path, progress: ProgressSink, location: str
+    ) -> None:
+        """Send a blob to its upload session at location, in chunks (the API's PATCH with
+        Content-Range). After a cut, the upload goes on from where the registry says it stands;
+        a registry that gave the session up (distribution does, once a chunk arrived in part),
+        then or later, gets a new session from byte 0."""
         size, offset, sent, resumes = path.stat().st_size, 0, 0, 0
         cuts = restarts = 0  # connections cut; new sessions from byte 0 (the old one lost)
         with open(path, "rb") as data:
@@ -259,13 +285,34 @@ class Registry:
                 f"{digest[7:19]}: {human_bytes(size)}, cut {cuts} time(s), started again from"
                 f" byte 0 {restarts} time(s), {human_bytes(sent - size)} sent again",
             )
-        return True
 
     def _start_upload(self, repo: str) -> str:
         """A new upload session's location."""
         r = self._call("POST", f"{self.base}/{repo}/blobs/uploads/")
         self._check(r, f"start upload to {repo}")
-        return self._absolute(r.headers["Location"])
+        return self._opened(r, repo)
+
+    def _mount(self, repo: str, digest: str, source: str, path: Path) -> str | None:
+        """Mount the blob into repo from source, another repository of this registry (the
+        base's layers: no byte sent again). None when mounted; else the upload session the
+        registry opened instead (it lacks the blob there, or will not mount it)."""
+        query = urlencode({"mount": digest, "from": source})
+        r = self._call("POST", f"{self.base}/{repo}/blobs/uploads/?{query}")
+        if r.status == 201:
+            say("push", f"{digest[7:19]}: {human_bytes(path.stat().st_size)} mounted from {source}")
+            return None
+        self._check(r, f"mount {digest} from {source} into {repo}")
+        return self._opened(r, repo)
+
+    def _opened(self, r: urllib3.BaseHTTPResponse, repo: str) -> str:
+        """The upload session an answer opened (its Location), refused in one line without one."""
+        location = r.headers.get("Location")
+        if r.status != 202 or not location:
+            raise ImageError(
+                f"registry {self.host}: start upload to {repo}: expected 202 with a Location,"
+                f" got HTTP {r.status}"
+            )
+        return self._absolute(location)
 
     def _absolute(self, location: str) -> str:
         """An upload location as a URL (the registry may answer with a path alone)."""
@@ -297,15 +344,31 @@ class Registry:
             raise ImageError(f"registry {self.host} stored {repo}:{ref} under another digest")
         return digest
 
-    def push_image(self, repo: str, image: Image, tags: list[str]) -> str:
-        """Push blobs (several at once, with progress), then the manifest by digest, then each
-        tag; returns the digest."""
+    def push_image(
+        self, repo: str, image: Image, tags: list[str], mount_from: str | None = None
+    ) -> str:
+        """Push the blobs repo lacks (several at once, with progress of those sent; those the
+        repository mount_from of this registry holds mounted from it), then the manifest by
+        digest, then each tag; returns the digest."""
+
         blobs = image.blobs()
-        big = {b.digest: b.size for b in blobs if b.size >= PROGRESS_BLOB}
-        progress = Progress(f"push {repo}", sum(b.size for b in blobs), big)
+
+        def session(blob: Blob) -> str | None:
+            return self.upload_session(repo, blob.digest, blob.path, mount_from)
+
+        with ThreadPoolExecutor(PUSHERS) as pool:
+            sessions = list(pool.map(session, blobs))
+        sends = [(b, at) for b, at in zip(blobs, sessions, strict=True) if at is not None]
+        big = {b.digest: b.size for b, _ in sends if b.size >= PROGRESS_BLOB}
+        progress = Progress(f"push {repo}", sum(b.size for b, _ in sends), big)
+
+        def send(blob_at: tuple[Blob, str]) -> None:
+            blob, location = blob_at
+            self.upload(repo, blob.digest, blob.path, progress, location)
+
         try:
             with ThreadPoolExecutor(PUSHERS) as pool:
-                list(pool.map(lambda b: self.push_blob(repo, b.digest, b.path, progress), blobs))
+                list(pool.map(send, sends))
         finally:
             progress.close()
         self.push_manifest(repo, image.digest, image.manifest)

@@ -31,6 +31,9 @@ class RegistryCache:
     # The signed envelope of an image pushed (ref by digest, key, step record), or None: no
     # attestation (a base image, or no signing key in this run).
     attest: Callable[[str, str, dict[str, Any]], bytes] | None = None
+    # Another repository of the registry whose blobs a push mounts instead of sending them (the
+    # base's, asked for only when publishing), or None.
+    mount_from: Callable[[], str | None] = lambda: None
 
     @staticmethod
     def key_tag(key: str) -> str:
@@ -49,7 +52,9 @@ class RegistryCache:
         """Push the image the step wrote (work/out/image.json), then its attestation when it
         is signed, the key tag last."""
         image = load_image_index(work / "out")
-        digest = self.registry.push_image(self.repository, image, list(self.extra_tags()))
+        digest = self.registry.push_image(
+            self.repository, image, list(self.extra_tags()), self.mount_from()
+        )
         where = f"{self.registry.host}/{self.repository}@{digest}"
         if self.attest is not None:
             envelope = self.attest(where, key, record)

@@ -222,10 +222,20 @@ class Images:
             inputs=image_inputs(self.image),
             pins=lambda: {"base": self.base_ref().rsplit("@", 1)[1]},
             cache=RegistryCache(
-                self.registry, repository, candidate_tags, attest=self.attester.attest()
+                self.registry,
+                repository,
+                candidate_tags,
+                attest=self.attester.attest(),
+                mount_from=self.base_repository,
             ),
             after=(self.base_step.name,) if self.base_step else (),
         )
+
+    def base_repository(self) -> str | None:
+        """The base's repository where it is in the image's registry (a push mounts its layers
+        from there, not sending them again), else None."""
+        host, _, repository = self.base_ref().rpartition("@")[0].partition("/")
+        return repository if host == self.registry.host else None
 
     def attestation_of(self, ref: str) -> bytes | None:
         """The envelope attached to the image ref (registry/repository@digest), or None."""
