@@ -592,6 +592,26 @@ def test_debootstrap_sees_one_environment_whatever_the_callers_but_the_clock_it_
     }
 
 
+@pytest.mark.parametrize(
+    ("ref", "repository"),
+    [
+        (
+            "registry.lab:5000/sparkforge/base-bookworm@sha256:" + "a" * 64,
+            "sparkforge/base-bookworm",
+        ),
+        ("registry.lab:5000/lab/sglang@sha256:" + "a" * 64, "lab/sglang"),
+        # Docker Hub's (no host), and another registry's: no repository of this one to mount.
+        ("lmsysorg/sglang@sha256:" + "a" * 64, None),
+        ("registry.lab/sparkforge/base-bookworm@sha256:" + "a" * 64, None),
+        ("ghcr.io/lab/base@sha256:" + "a" * 64, None),
+    ],
+)
+def test_a_push_mounts_only_from_a_base_on_the_images_own_registry(ref, repository):
+    from pipelines.stages.images.inputs import repository_on
+
+    assert repository_on(ref, "registry.lab:5000") == repository
+
+
 def test_the_base_key_moves_with_the_date_its_build_is_given_not_with_its_description(
     tmp_path, monkeypatch
 ):

@@ -44,6 +44,7 @@ from pipelines.core.errors import BadInput, DeployUnreachable
 from pipelines.core.profiles import parse_profile
 from pipelines.core.progress import NoProgress
 from pipelines.stages.images.registry import Registry
+from pipelines.stages.images.registry_push import push_blob
 from pipelines.stages.images.spec import ImageBadInput, ImageError
 from pipelines.stages.weights.blobserver import BlobServer, BlobServerError
 from pipelines.targets.dockerengines import DockerEngines, MemberHost
@@ -250,7 +251,7 @@ def test_an_upload_sent_to_another_host_carries_no_credentials(tmp_path, recorde
     digest = "sha256:" + hashlib.sha256(b"layer bytes").hexdigest()
     try:
         with pytest.raises(ImageError) as err:
-            Registry(host).push_blob("sparkforge/tiny", digest, blob, NoProgress())
+            push_blob(Registry(host), "sparkforge/tiny", digest, blob, NoProgress())
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -15,6 +15,7 @@ from support.registry_server import start_registry
 
 from pipelines.stages.images.oci import assemble, write_layer
 from pipelines.stages.images.registry import Registry
+from pipelines.stages.images.registry_push import push_image
 from pipelines.stages.images.spec import ImageError
 
 USER = "sparkforge-ci"
@@ -52,7 +53,7 @@ def test_push_without_credentials_says_how_to_log_in(locked_registry, tmp_path, 
     host, password = locked_registry
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "empty"))
     with pytest.raises(ImageError) as err:
-        Registry(host).push_image("sparkforge/tiny", tiny_image(tmp_path), ["t"])
+        push_image(Registry(host), "sparkforge/tiny", tiny_image(tmp_path), ["t"])
     assert f"registry {host} wants credentials" in str(err.value)
     assert f"docker login {host}" in str(err.value)
 
@@ -68,7 +69,7 @@ def test_push_logs_in_from_docker_config_and_never_shows_the_secret(
     monkeypatch.setenv("DOCKER_CONFIG", str(docker_config))
     image = tiny_image(tmp_path)
     registry = Registry(host)
-    assert registry.push_image("sparkforge/tiny", image, ["v1"]) == image.digest
+    assert push_image(registry, "sparkforge/tiny", image, ["v1"]) == image.digest
     assert Registry(host).manifest_digest("sparkforge/tiny", "v1") == image.digest
     assert password not in repr(registry)
 
@@ -100,7 +101,7 @@ def test_a_credential_helper_wins_over_auths_for_the_same_host(
     )
     monkeypatch.setenv("DOCKER_CONFIG", str(docker_config))
     image = tiny_image(tmp_path)
-    assert Registry(host).push_image("sparkforge/tiny", image, ["v1"]) == image.digest
+    assert push_image(Registry(host), "sparkforge/tiny", image, ["v1"]) == image.digest
     assert asked.read_text() == host  # the helper was asked, for this registry
     assert Registry(host).manifest_digest("sparkforge/tiny", "v1") == image.digest
 

@@ -18,6 +18,7 @@ from support.cutting_proxy import CuttingProxy
 
 from pipelines.core.progress import NoProgress
 from pipelines.stages.images.registry import Registry
+from pipelines.stages.images.registry_push import push_blob
 from pipelines.stages.images.spec import ImageError
 
 MiB = 1 << 20
@@ -35,7 +36,7 @@ def test_a_push_cut_mid_blob_completes_and_says_what_it_sent_again(stack, tmp_pa
     repo = f"sparkforge-test/push-{digest[7:19]}"
     try:
         through = Registry(f"127.0.0.1:{proxy.port}", chunk=4 * MiB)
-        assert through.push_blob(repo, digest, blob, NoProgress())
+        assert push_blob(through, repo, digest, blob, NoProgress())
     finally:
         proxy.close()
     assert proxy.cuts == 1
@@ -80,9 +81,8 @@ def test_a_session_the_registry_dropped_mid_push_starts_again_from_byte_zero(
     blob.write_bytes(data)
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
     repo = f"sparkforge-test/push-{digest[7:19]}"
-    assert DroppingRegistry(stack.registry, chunk=4 * MiB).push_blob(
-        repo, digest, blob, NoProgress()
-    )
+    dropping = DroppingRegistry(stack.registry, chunk=4 * MiB)
+    assert push_blob(dropping, repo, digest, blob, NoProgress())
     said = capsys.readouterr().out
     (line,) = [line for line in said.splitlines() if line.startswith("push: ")]
     assert line == (
@@ -121,8 +121,8 @@ def test_a_blob_another_repository_holds_is_mounted_from_it_not_sent(stack, tmp_
     # Other bytes at the path: had the push sent them, the registry would refuse the digest.
     other = tmp_path / "layer"
     other.write_bytes(bytes(MiB))
-    assert not Registry(stack.registry).push_blob(
-        target, digest, other, NoProgress(), mount_from=source
+    assert not push_blob(
+        Registry(stack.registry), target, digest, other, NoProgress(), mount_from=source
     )
     assert blob_of(stack.registry, target, digest) == data
     said = capsys.readouterr().out.splitlines()
@@ -139,7 +139,9 @@ def test_a_blob_the_mount_source_lacks_is_sent_in_the_session_the_registry_opene
     run = uuid.uuid4().hex[:12]
     source, target = f"sparkforge-test/base-{run}", f"sparkforge-test/image-{run}"
     upload(stack.registry, source, b"another blob")  # the source exists, without this blob
-    assert Registry(stack.registry).push_blob(target, digest, blob, NoProgress(), mount_from=source)
+    assert push_blob(
+        Registry(stack.registry), target, digest, blob, NoProgress(), mount_from=source
+    )
     assert blob_of(stack.registry, target, digest) == data
     assert blob_of(stack.registry, source, digest) is None
     assert "mounted" not in capsys.readouterr().out
@@ -179,7 +181,7 @@ def test_an_upload_started_without_a_session_is_one_line(tmp_path, status, mount
     with http_double.serving(handler) as url:
         host = url.removeprefix("http://")
         with pytest.raises(ImageError) as err:
-            Registry(host).push_blob("sparkforge/tiny", digest, blob, NoProgress(), mount_from)
+            push_blob(Registry(host), "sparkforge/tiny", digest, blob, NoProgress(), mount_from)
     assert str(err.value) == (
         f"registry {host}: start upload to sparkforge/tiny: expected 202 with a Location, got"
         f" HTTP {status}"

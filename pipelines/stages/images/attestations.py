@@ -13,6 +13,7 @@ from typing import Any
 from pipelines.core.progress import NoProgress
 from pipelines.stages.images.oci import MANIFEST_TYPE
 from pipelines.stages.images.registry import Registry
+from pipelines.stages.images.registry_push import push_blob
 from pipelines.stages.images.spec import ImageError
 
 DSSE_TYPE = "application/vnd.dsse.envelope.v1+json"
@@ -57,7 +58,7 @@ def attach(registry: Registry, repo: str, digest: str, envelope: bytes, work: Pa
     for data in (EMPTY, envelope):  # a few kilobytes: no progress to show
         path = work / f"attestation-{hashlib.sha256(data).hexdigest()[:16]}"
         path.write_bytes(data)
-        registry.push_blob(repo, descriptor("", data)["digest"], path, NoProgress())
+        push_blob(registry, repo, descriptor("", data)["digest"], path, NoProgress())
     manifest = attestation_manifest(subject, envelope)
     return registry.push_manifest(repo, attestation_tag(digest), manifest, MANIFEST_TYPE)
 

@@ -110,3 +110,10 @@ def base_params(spec: LocalBase, arch: str, epoch: int) -> dict[str, Any]:
 def base_repository(spec: LocalBase) -> str:
     """The registry repository of a local base."""
     return f"sparkforge/base-{spec.suite}"
+
+
+def repository_on(ref: str, host: str) -> str | None:
+    """The repository of a pinned reference (host/repository@digest) where host is its
+    registry, else None (a name without a host is Docker Hub's)."""
+    where, _, repository = ref.rpartition("@")[0].partition("/")
+    return repository if where == host and repository else None

@@ -7,15 +7,14 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
 from pipelines.core.addresses import is_loopback
-from pipelines.core.progress import Progress, ProgressSink, human_bytes, say
-from pipelines.stages.images.oci import MANIFEST_TYPE, Blob, Image
+from pipelines.core.progress import ProgressSink, human_bytes, say
+from pipelines.stages.images.oci import MANIFEST_TYPE
 from pipelines.stages.images.registry_login import login
 from pipelines.stages.images.spec import ImageBadInput, ImageError, ImageUnreachable
 
@@ -29,9 +28,7 @@ UPLOAD_RESUMES = 5  # cut connections one blob survives
 # An upload session the registry no longer knows (404 BLOB_UPLOAD_UNKNOWN/INVALID) or whose
 # size is not the offset sent (416).
 GIVEN_UP = (404, 416)
-PUSHERS = 4  # blobs uploaded at once
 OCTETS = "application/octet-stream"
-PROGRESS_BLOB = 64 << 20  # blobs this big get their own progress line
 INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
 ACCEPT = ", ".join(
     [
@@ -209,21 +206,6 @@ class Registry:
         r = self._call("HEAD", f"{self.base}/{repo}/blobs/{digest}")
         return r.status == 200
 
-    def push_blob(
-        self,
-        repo: str,
-        digest: str,
-        path: Path,
-        progress: ProgressSink,
-        mount_from: str | None = None,
-    ) -> bool:
-        """Upload one blob unless present or mounted (`upload_session`); True when it was sent."""
-        location = self.upload_session(repo, digest, path, mount_from)
-        if location is None:
-            return False
-        self.upload(repo, digest, path, progress, location)
-        return True
-
     def upload_session(
         self, repo: str, digest: str, path: Path, mount_from: str | None
     ) -> str | None:
@@ -343,38 +325,6 @@ class Registry:
         if r.headers.get("Docker-Content-Digest", digest) != digest:
             raise ImageError(f"registry {self.host} stored {repo}:{ref} under another digest")
         return digest
-
-    def push_image(
-        self, repo: str, image: Image, tags: list[str], mount_from: str | None = None
-    ) -> str:
-        """Push the blobs repo lacks (several at once, with progress of those sent; those the
-        repository mount_from of this registry holds mounted from it), then the manifest by
-        digest, then each tag; returns the digest."""
-
-        blobs = image.blobs()
-
-        def session(blob: Blob) -> str | None:
-            return self.upload_session(repo, blob.digest, blob.path, mount_from)
-
-        with ThreadPoolExecutor(PUSHERS) as pool:
-            sessions = list(pool.map(session, blobs))
-        sends = [(b, at) for b, at in zip(blobs, sessions, strict=True) if at is not None]
-        big = {b.digest: b.size for b, _ in sends if b.size >= PROGRESS_BLOB}
-        progress = Progress(f"push {repo}", sum(b.size for b, _ in sends), big)
-
-        def send(blob_at: tuple[Blob, str]) -> None:
-            blob, location = blob_at
-            self.upload(repo, blob.digest, blob.path, progress, location)
-
-        try:
-            with ThreadPoolExecutor(PUSHERS) as pool:
-                list(pool.map(send, sends))
-        finally:
-            progress.close()
-        self.push_manifest(repo, image.digest, image.manifest)
-        for tag in tags:
-            self.push_manifest(repo, tag, image.manifest)
-        return image.digest
 
     def _check(self, r: urllib3.BaseHTTPResponse, what: str) -> None:
         """Refuse an error answer, with the start of what the registry said."""

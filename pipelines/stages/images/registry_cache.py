@@ -12,6 +12,7 @@ from pipelines.core.progress import say
 from pipelines.stages.images.attestations import attach, attestation_tag
 from pipelines.stages.images.oci import load_image_index
 from pipelines.stages.images.registry import Registry
+from pipelines.stages.images.registry_push import push_image
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,8 @@ class RegistryCache:
         """Push the image the step wrote (work/out/image.json), then its attestation when it
         is signed, the key tag last."""
         image = load_image_index(work / "out")
-        digest = self.registry.push_image(
-            self.repository, image, list(self.extra_tags()), self.mount_from()
+        digest = push_image(
+            self.registry, self.repository, image, list(self.extra_tags()), self.mount_from()
         )
         where = f"{self.registry.host}/{self.repository}@{digest}"
         if self.attest is not None:

@@ -19,7 +19,7 @@ from pipelines.engine.published import PublishedImage
 from pipelines.engine.stage import Context
 from pipelines.engine.steps import Step, StepRun, side_task
 from pipelines.stages.images.attest import Attester, utc_now
-from pipelines.stages.images.inputs import base_repository, image_repository
+from pipelines.stages.images.inputs import base_repository, image_repository, repository_on
 from pipelines.stages.images.promote import StableTag
 from pipelines.stages.images.registry import Registry
 from pipelines.stages.images.registry_cache import RegistryCache
@@ -226,16 +226,11 @@ class Images:
                 repository,
                 candidate_tags,
                 attest=self.attester.attest(),
-                mount_from=self.base_repository,
+                # A push mounts the base's layers from its repository, not sending them again.
+                mount_from=lambda: repository_on(self.base_ref(), self.registry.host),
             ),
             after=(self.base_step.name,) if self.base_step else (),
         )
-
-    def base_repository(self) -> str | None:
-        """The base's repository where it is in the image's registry (a push mounts its layers
-        from there, not sending them again), else None."""
-        host, _, repository = self.base_ref().rpartition("@")[0].partition("/")
-        return repository if host == self.registry.host else None
 
     def attestation_of(self, ref: str) -> bytes | None:
         """The envelope attached to the image ref (registry/repository@digest), or None."""
