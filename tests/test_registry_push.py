@@ -6,6 +6,7 @@ it, not sent again."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.server
 import os
@@ -17,6 +18,7 @@ from support import http_double
 from support.cutting_proxy import CuttingProxy
 
 from pipelines.core.progress import NoProgress
+from pipelines.stages.images.promote import move_stable
 from pipelines.stages.images.registry import Registry
 from pipelines.stages.images.registry_push import push_blob
 from pipelines.stages.images.spec import ImageError
@@ -185,4 +187,89 @@ def test_an_upload_started_without_a_session_is_one_line(tmp_path, status, mount
     assert str(err.value) == (
         f"registry {host}: start upload to sparkforge/tiny: expected 202 with a Location, got"
         f" HTTP {status}"
+    )
+
+
+class HostileManifests(http.server.BaseHTTPRequestHandler):
+    """A registry that lacks `stable`, answers a manifest GET with `body` (endless when None),
+    takes every PUT, and lists tags on a page whose next page is itself."""
+
+    body: bytes | None = b'{"schemaVersion":2,"note":"another image"}'
+    puts: list[str] = []
+
+    def do_HEAD(self) -> None:
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        if "/tags/list" in self.path:
+            page = b'{"tags":["a"]}'
+            self.send_response(200)
+            self.send_header("Link", f'<{self.path}>; rel="next"')
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+        if self.body is not None:
+            self.send_header("Content-Length", str(len(self.body)))
+            self.end_headers()
+            self.wfile.write(self.body)
+            return
+        self.end_headers()
+        with contextlib.suppress(OSError):  # the client hangs up once it has read enough
+            while True:
+                self.wfile.write(b" " * MiB)
+
+    def do_PUT(self) -> None:
+        self.puts.append(self.path)
+        self.send_response(201)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+DIGEST = "sha256:" + "1" * 64
+
+
+def test_a_manifest_whose_bytes_are_not_its_digest_moves_no_stable():
+    # Promotion reads the manifest by digest and pushes it again as `stable`: other bytes
+    # would point `stable` at another image than the digest it names.
+    handler = type("Handler", (HostileManifests,), {"puts": []})
+    with http_double.serving(handler) as url:
+        host = url.removeprefix("http://")
+        with pytest.raises(ImageError) as err:
+            move_stable(Registry(host), "sparkforge/runtime", DIGEST)
+    assert str(err.value) == (
+        f"registry {host}: manifest sparkforge/runtime {DIGEST}: the registry sent other bytes"
+        " than the digest names"
+    )
+    assert handler.puts == []
+
+
+@pytest.mark.timeout(60)
+def test_an_endless_manifest_is_refused_at_its_cap():
+    handler = type("Handler", (HostileManifests,), {"body": None})
+    with http_double.serving(handler) as url:
+        host = url.removeprefix("http://")
+        with pytest.raises(ImageError) as err:
+            Registry(host).manifest("sparkforge/runtime", "latest")
+    assert str(err.value) == (
+        f"registry {host}: manifest sparkforge/runtime latest: over {4 << 20} bytes"
+    )
+
+
+@pytest.mark.timeout(60)
+def test_a_tag_list_whose_next_page_is_itself_is_one_line():
+    with http_double.serving(HostileManifests) as url:
+        host = url.removeprefix("http://")
+        with pytest.raises(ImageError) as err:
+            Registry(host).tags("sparkforge/runtime")
+    assert str(err.value) == (
+        f"registry {host}: tags of sparkforge/runtime: a page links back:"
+        f" http://{host}/v2/sparkforge/runtime/tags/list?n=1000"
     )

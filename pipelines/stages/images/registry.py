@@ -30,6 +30,9 @@ UPLOAD_RESUMES = 5  # cut connections one blob survives
 GIVEN_UP = (404, 416)
 OCTETS = "application/octet-stream"
 INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
+# The most of a manifest read (distribution's own limit on what it accepts): an image's is
+# kilobytes, and a hostile registry's endless answer must not fill memory.
+MAX_MANIFEST = 4 << 20
 ACCEPT = ", ".join(
     [
         MANIFEST_TYPE,
@@ -130,12 +133,20 @@ class Registry:
         return r.headers.get("Docker-Content-Digest")
 
     def manifest(self, repo: str, ref: str) -> tuple[bytes, str] | None:
-        """(exact bytes, media type) of a manifest, or None when the registry lacks it."""
-        r = self._call("GET", f"{self.base}/{repo}/manifests/{ref}", headers={"Accept": ACCEPT})
-        if r.status == 404:
-            return None
-        self._check(r, f"GET manifest {repo}:{ref}")
-        return r.data, r.headers.get("Content-Type", MANIFEST_TYPE)
+        """(exact bytes, media type) of a manifest, or None when the registry lacks it; the
+        bytes as `checked_manifest` takes them (what is read here is pushed again, as `stable`)."""
+        url, accept = f"{self.base}/{repo}/manifests/{ref}", {"Accept": ACCEPT}
+        r = self._call("GET", url, headers=accept, preload_content=False)
+        try:
+            if r.status == 404:
+                return None
+            data = r.read(MAX_MANIFEST + 1)
+        finally:
+            r.release_conn()
+        where = f"registry {self.host}: manifest {repo} {ref}"
+        return checked_manifest(where, ref, r.status, data), r.headers.get(
+            "Content-Type", MANIFEST_TYPE
+        )
 
     def small_blob(self, repo: str, digest: str, limit: int) -> bytes:
         """A small blob's bytes (an attestation), checked against its digest; refused when the
@@ -173,7 +184,11 @@ class Registry:
         none or does not exist."""
         found: list[str] = []
         url: str | None = f"{self.base}/{repo}/tags/list?n=1000"
+        seen: set[str] = set()
         while url:
+            if url in seen:
+                raise ImageError(f"registry {self.host}: tags of {repo}: a page links back: {url}")
+            seen.add(url)
             r = self._call("GET", url)
             if r.status == 404:
                 return found
@@ -314,12 +329,8 @@ class Registry:
         self, repo: str, ref: str, manifest: bytes, media_type: str = MANIFEST_TYPE
     ) -> str:
         """Put a manifest under a tag (or its digest); returns its digest."""
-        r = self._call(
-            "PUT",
-            f"{self.base}/{repo}/manifests/{ref}",
-            body=manifest,
-            headers={"Content-Type": media_type},
-        )
+        url = f"{self.base}/{repo}/manifests/{ref}"
+        r = self._call("PUT", url, body=manifest, headers={"Content-Type": media_type})
         self._check(r, f"put manifest {repo}:{ref}")
         digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
         if r.headers.get("Docker-Content-Digest", digest) != digest:
@@ -335,6 +346,18 @@ class Registry:
 
 # host[:port]: a DNS name or IPv4 address, or an [IPv6] address; no user, path or query.
 HOST_PORT = r"(?:[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?"
+
+
+def checked_manifest(where: str, ref: str, status: int, data: bytes) -> bytes:
+    """A manifest answer's bytes (at most MAX_MANIFEST + 1 of them read), refused in one line
+    when it is no 200, is past MAX_MANIFEST, or is asked for by digest and has other bytes."""
+    if status != 200:
+        raise ImageError(f"{where}: HTTP {status} {data[:200].decode(errors='replace')}")
+    if len(data) > MAX_MANIFEST:
+        raise ImageError(f"{where}: over {MAX_MANIFEST} bytes")
+    if ref.startswith("sha256:") and "sha256:" + hashlib.sha256(data).hexdigest() != ref:
+        raise ImageError(f"{where}: the registry sent other bytes than the digest names")
+    return data
 
 
 def origin(url: str) -> tuple[str, str | None, int | None]:
