@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -213,6 +214,37 @@ def test_a_signed_index_of_a_bad_shape_is_refused(files, dirs, key, reason):
     # mistake, or a valid entry copied under another step's key).
     with pytest.raises(EntryRefused) as refused:
         parse_index(index_of([entry_file(f) for f in files], dirs, key), KEY, "signer")
+    assert str(refused.value) == reason
+
+
+@pytest.mark.parametrize(
+    ("record", "reason"),
+    [
+        ({"finished": 1.5}, "index: record name 'None': expected a step's name"),
+        ({"name": "..", "finished": 1.5}, "index: record name '..': expected a step's name"),
+        ({"name": 7, "finished": 1.5}, "index: record name '7': expected a step's name"),
+        ({"name": "profile"}, "index: record finished: expected a time in seconds"),
+        (
+            {"name": "profile", "finished": "now"},
+            "index: record finished: expected a time in seconds",
+        ),
+        (
+            {"name": "profile", "finished": math.inf},
+            "index: record finished: expected a time in seconds",
+        ),
+        ({"name": "profile", "finished": 1.5}, None),
+    ],
+    ids=["no name", "dot-dot name", "number name", "no time", "text time", "endless time", "good"],
+)
+def test_a_signed_record_is_refused_unless_it_names_its_step_and_its_time(record, reason):
+    # Restoring writes the record under records/<name>/ (".." was the store's own folder) and
+    # explain sorts records by when they finished.
+    index = {**index_of([entry_file("ok")], []), "record": {"key": KEY, **record}}
+    if reason is None:
+        assert parse_index(index, KEY, "signer").record["name"] == "profile"
+        return
+    with pytest.raises(EntryRefused) as refused:
+        parse_index(index, KEY, "signer")
     assert str(refused.value) == reason
 
 

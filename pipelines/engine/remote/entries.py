@@ -8,6 +8,7 @@ INDEX = {"format": 1, "key", "record": the step record, "files": [{"path", "size
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -140,7 +141,16 @@ def parse_index(index: Any, key: str, signer: str) -> Entry:
         inside = next((str(p) for p in PurePosixPath(path).parents if str(p) in file_paths), None)
         if inside is not None:
             raise EntryRefused(f"index: path {path!r} is inside {inside!r}, which is a file")
-    return Entry(dict(index["record"]), files, dirs, signer)
+    record = dict(index["record"])
+    # The record is written under records/<name>/ and sorted by when it finished.
+    name, finished = record.get("name"), record.get("finished")
+    if not isinstance(name, str) or name in ("", ".", ".."):
+        raise EntryRefused(f"index: record name {str(name)[:80]!r}: expected a step's name")
+    if isinstance(finished, bool) or not isinstance(finished, int | float):
+        finished = math.nan
+    if not math.isfinite(finished):
+        raise EntryRefused("index: record finished: expected a time in seconds")
+    return Entry(record, files, dirs, signer)
 
 
 def safe_path(path: Any) -> str:
