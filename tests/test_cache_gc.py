@@ -28,7 +28,7 @@ def publish(cache: RemoteCache, key: str, files: dict[str, bytes], tmp_path: Pat
     (work / "out").mkdir(parents=True)
     for name, data in files.items():
         (work / "out" / name).write_bytes(data)
-    cache.publish(key, work, {"key": key, "name": "test"})
+    cache.publish(key, work, {"key": key, "name": "test", "finished": 1.0})
 
 
 @pytest.fixture
